@@ -1,0 +1,35 @@
+# The two commands a new user needs are `make setup` and `make test`.
+PY := .venv/bin/python
+PYTEST := .venv/bin/pytest
+
+.PHONY: setup test test-fast test-faults demo bench-loss bench-embedder bench-trainer bench-serve clean
+
+setup:
+	bash scripts/setup.sh
+
+test:
+	$(PYTEST) -q tests
+
+test-fast:  ## unit tests only (no vLLM server)
+	$(PYTEST) -q tests -m "not vllm"
+
+test-faults:
+	$(PYTEST) -q tests/faults
+
+demo:
+	$(PY) -m clm.demo
+
+bench-loss:
+	$(PY) bench/bench_loss.py
+
+bench-embedder:
+	$(PY) bench/bench_embedder.py
+
+bench-trainer:
+	$(PY) bench/bench_trainer.py
+
+bench-serve:
+	$(PY) bench/bench_serve.py
+
+clean:
+	rm -rf var .pytest_cache .hypothesis

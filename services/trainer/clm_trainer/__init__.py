@@ -1,0 +1,1 @@
+"""The trainer service: a jobs API and Redis-backed workers running the TrainCLMHeadsRecipe."""

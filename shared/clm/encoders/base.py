@@ -1,0 +1,71 @@
+"""What every encoder backend promises, and the fingerprint that names it.
+
+The fingerprint is the identity of "which vectors these are": it is part of
+every cache key and written into every checkpoint, so vectors from another
+model, pooling, dtype or text template can never be mixed in silently.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from typing import Literal, Protocol, runtime_checkable
+
+import numpy as np
+
+Pooling = Literal["last", "mean", "cls"]
+
+
+@dataclass(frozen=True)
+class EncoderFingerprint:
+    """ARCHITECTURE §4: model, weights, pooling, normalisation, dtype, max tokens, template version."""
+
+    model: str  # model name or path as configured (e.g. "Qwen/Qwen3-Embedding-8B")
+    weights: str  # revision or a hash of the weight files
+    pooling: Pooling
+    normalize: bool
+    dtype: str  # "float32", "bfloat16", ...
+    max_tokens: int
+    template_version: str
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def digest(self) -> str:
+        """sha256 hex of the canonical JSON of the fields (stable across processes and versions)."""
+        canonical = json.dumps(self.as_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "EncoderFingerprint":
+        missing = {f for f in cls.__dataclass_fields__} - set(data)
+        if missing:
+            raise ValueError(f"encoder fingerprint lacks fields: {sorted(missing)}")
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
+class EncodeResult:
+    vectors: np.ndarray  # float32 [n, dim], rows in input order, L2-normalised when fingerprint.normalize
+    prompt_tokens: int  # tokens actually encoded (for the OpenAI `usage` field)
+
+
+class EncoderError(RuntimeError):
+    """The backend could not encode (down, timed out, refused). Nothing from the call may be cached."""
+
+
+@runtime_checkable
+class EncoderBackend(Protocol):
+    """An async encoder: the embedder service and the trainer's embedded mode both use it."""
+
+    fingerprint: EncoderFingerprint
+    dim: int
+    max_batch_texts: int
+
+    async def encode(self, texts: list[str]) -> EncodeResult: ...
+
+    async def health(self) -> bool: ...
+
+    async def aclose(self) -> None: ...

@@ -1,0 +1,48 @@
+"""Session-wide fixtures: real Redis servers on private ports, and the CI rule
+that a skipped test is a failed test (a skip in CI hides a missing part)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from clm.procs import start_redis
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if os.environ.get("CI") and report.skipped and not hasattr(report, "wasxfail"):
+        report.outcome = "failed"
+        report.longrepr = f"skipped in CI, which counts as a failure: {report.longrepr}"
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory) -> str:
+    """One private redis-server for the whole test session (never the shared 6379)."""
+    process, url = start_redis(tmp_path_factory.mktemp("redis"))
+    yield url
+    process.stop()
+
+
+@pytest.fixture()
+def fresh_redis(tmp_path):
+    """A private redis-server for one test, for tests that stop or restart it: (process, url)."""
+    process, url = start_redis(tmp_path / "redis")
+    yield process, url
+    process.stop()
+
+
+@pytest.fixture(autouse=True)
+def _flush_shared_redis(request):
+    """Each test that uses the session Redis starts from an empty database."""
+    if "redis_url" in request.fixturenames:
+        import redis
+
+        redis.Redis.from_url(request.getfixturevalue("redis_url")).flushdb()
+    yield
