@@ -1,0 +1,76 @@
+"""Errors in the OpenAI/vLLM body shape ``{"error": {message, type, param, code}}``.
+
+Every 4xx/5xx any service returns goes through here, so clients parse one
+shape, tracebacks never reach a body, and validation messages name the field.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+logger = logging.getLogger(__name__)
+
+_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDeniedError", 404: "NotFoundError",
+          405: "MethodNotAllowed", 409: "ConflictError", 413: "RequestTooLarge", 415: "UnsupportedMediaType",
+          422: "UnprocessableEntityError", 429: "RateLimitError", 503: "ServiceUnavailableError"}
+
+
+class APIError(Exception):
+    """Raise from a route to answer ``status`` with a clear message (and optional headers)."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, headers: dict[str, str] | None = None,
+                 err_type: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.headers = headers or {}
+        self.err_type = err_type or _TYPES.get(status, "InternalServerError" if status >= 500 else "BadRequestError")
+
+
+def error_body(status: int, message: str, param: str | None = None, err_type: str | None = None) -> dict:
+    return {"error": {"message": message, "type": err_type or _TYPES.get(status, "InternalServerError"),
+                      "param": param, "code": status}}
+
+
+def error_response(status: int, message: str, *, param: str | None = None, headers: dict[str, str] | None = None,
+                   err_type: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, param, err_type), status_code=status, headers=headers)
+
+
+def describe_validation_error(exc: RequestValidationError) -> tuple[str, str | None]:
+    """One readable line per problem: ``body.input.3: Input should be a valid string``."""
+    parts, first_param = [], None
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p not in ("body",))
+        first_param = first_param or loc or None
+        parts.append(f"{loc or 'body'}: {err.get('msg', 'invalid')}")
+    return "; ".join(parts) or "invalid request", first_param
+
+
+def install_error_handlers(app: FastAPI, validation_status: int = 422) -> None:
+    """``validation_status``: 422 (FastAPI convention) or 400 (what vLLM answers)."""
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc.status, exc.message, param=exc.param, headers=exc.headers, err_type=exc.err_type)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = describe_validation_error(exc)
+        return error_response(validation_status, message, param=param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # Log the traceback for operators; the client gets no internals.
+        logger.exception("unhandled error on %s %s", request.method, request.url.path)
+        return error_response(500, f"internal error ({type(exc).__name__}); see the service log")

@@ -1,0 +1,67 @@
+"""Request body size limit as pure ASGI middleware.
+
+uvicorn reads bodies of any size; a limit has to sit in front of the app.
+It refuses by ``Content-Length`` at once, and for chunked bodies counts bytes
+as they stream, so a hostile client can never make a service buffer more
+than ``max_body_bytes``.
+"""
+
+from __future__ import annotations
+
+import json
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+class BodySizeLimitMiddleware:
+    def __init__(self, app, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        for name, value in scope.get("headers", []):
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    return await self._refuse(send, 400, "invalid Content-Length header")
+                if declared > self.max_body_bytes:
+                    return await self._refuse(send, 413, self._message(declared))
+        received = 0
+        response_started = False
+
+        async def limited_receive():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_body_bytes:
+                    raise BodyTooLarge()
+            return message
+
+        async def tracking_send(message):
+            nonlocal response_started
+            if message["type"] == "http.response.start":
+                response_started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except BodyTooLarge:
+            if not response_started:
+                await self._refuse(send, 413, self._message(received))
+
+    def _message(self, size: int) -> str:
+        return f"request body of {size} bytes exceeds the limit of {self.max_body_bytes} bytes"
+
+    @staticmethod
+    async def _refuse(send, status: int, message: str) -> None:
+        body = json.dumps({"error": {"message": message, "type": "RequestTooLarge" if status == 413 else
+                                     "BadRequestError", "param": None, "code": status}}).encode()
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})

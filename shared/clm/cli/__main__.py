@@ -1,0 +1,5 @@
+import sys
+
+from clm.cli import main
+
+sys.exit(main())

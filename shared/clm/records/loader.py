@@ -1,0 +1,181 @@
+"""Read records files (JSONL, optionally gzip-compressed) all-or-nothing.
+
+Every line is validated before anything is returned; every problem of the
+file is collected and raised as one ``RecordError`` naming file, line,
+record id and field. Lines are split on ``\\n`` only (never
+``str.splitlines``, which would also split on U+2028, legal inside JSON
+strings), decoded as strict UTF-8, and parsed by the strict JSON reader.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, BinaryIO, TypeVar
+
+from pydantic import ValidationError
+
+from clm.records.errors import FieldProblem, RecordError, RecordProblem
+from clm.records.model import Record, SystemOneRequest
+from clm.records.questions import QUESTION_TYPE_IDS, describe
+from clm.records.strict_json import join_path, loads_strict
+
+GZIP_MAGIC = b"\x1f\x8b"
+ModelT = TypeVar("ModelT", bound=SystemOneRequest)
+
+
+def _field_path(loc: tuple[Any, ...]) -> str:
+    path = ""
+    for index, part in enumerate(loc):
+        # A discriminated union adds the tag it chose to the location
+        # (questions.q.choice.criteria); the user wrote no such field.
+        if index == 2 and loc[0] == "questions" and part in QUESTION_TYPE_IDS:
+            continue
+        path = join_path(path, part)
+    return path
+
+
+def _problems_from_validation(error: ValidationError) -> list[tuple[str | None, str]]:
+    """(field, reason) pairs from a pydantic error, in the user's vocabulary."""
+    found: list[tuple[str | None, str]] = []
+    for detail in error.errors():
+        cause = (detail.get("ctx") or {}).get("error")
+        if isinstance(cause, FieldProblem):
+            found.append((cause.field or None, cause.reason))
+            continue
+        loc, kind = detail["loc"], detail["type"]
+        key_prefix = ""
+        if loc and loc[-1] == "[key]":  # pydantic reports a bad dict key as (..., key, "[key]")
+            key_prefix = f"key {describe(loc[-2])}: "
+            loc = loc[:-2]
+        field = _field_path(loc)
+        if kind in ("union_tag_invalid", "union_tag_not_found"):
+            expected = ", ".join(QUESTION_TYPE_IDS)
+            given = detail["input"].get("type") if isinstance(detail["input"], dict) else None
+            reason = (
+                f"unknown question type {given!r} (expected one of: {expected})"
+                if kind == "union_tag_invalid"
+                else f"missing question type (expected one of: {expected})"
+            )
+            found.append((join_path(field, "type"), reason))
+        elif kind == "extra_forbidden":
+            found.append((field, "unknown field"))
+        else:
+            reason = key_prefix + detail["msg"].removeprefix("Value error, ")
+            if kind.endswith("_type"):  # wrong JSON type: show what was given
+                reason += f", got {describe(detail['input'])}"
+            found.append((field or None, reason))
+    return found
+
+
+def _validate(model: type[ModelT], data: Any, source: str, line: int) -> ModelT:
+    record_id = data.get("id") if isinstance(data, dict) and isinstance(data.get("id"), str) else None
+    if not isinstance(data, dict):
+        problem = RecordProblem(source, line, None, None, f"expected a JSON object, got {type(data).__name__}")
+        raise RecordError([problem])
+    try:
+        return model.model_validate(data)
+    except ValidationError as error:
+        problems = [
+            RecordProblem(source, line, record_id, field, reason)
+            for field, reason in _problems_from_validation(error)
+        ]
+        raise RecordError(problems) from None
+
+
+def parse_record(data: Any, *, source: str = "<record>", line: int = 0) -> Record:
+    """Validate one parsed JSON value as a record; raise ``RecordError`` naming every problem."""
+    return _validate(Record, data, source, line)
+
+
+def parse_request(data: Any, *, source: str = "<request>") -> SystemOneRequest:
+    """Validate a decision request (no id, answers or rewards) with the same rules and messages as records."""
+    return _validate(SystemOneRequest, data, source, 0)
+
+
+def _open_binary(path: Path) -> BinaryIO:
+    """Open plain or gzip data by its magic bytes, so a misnamed file still reads correctly."""
+    with path.open("rb") as probe:
+        magic = probe.read(2)
+    if magic == GZIP_MAGIC:
+        return gzip.open(path, "rb")  # type: ignore[return-value]
+    return path.open("rb")
+
+
+def _numbered_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    with _open_binary(path) as stream:
+        yield from enumerate(stream, start=1)
+
+
+def load_records(path: str | os.PathLike[str]) -> list[Record]:
+    """All records of a ``.jsonl`` or ``.jsonl.gz`` file, in file order.
+
+    Blank lines are skipped. Raises ``RecordError`` (every problem of the
+    file: invalid UTF-8, bad JSON, duplicate keys, non-finite numbers,
+    invalid records, duplicate record ids, no records at all) and returns
+    nothing partial. A missing file raises ``FileNotFoundError``.
+    """
+    path = Path(path)
+    source = str(path)
+    records: list[Record] = []
+    problems: list[RecordProblem] = []
+    first_line_of_id: dict[str, int] = {}
+    last_line = 0
+    try:
+        for line_number, raw in _numbered_lines(path):
+            last_line = line_number
+            problem_or_record = _read_line(raw, source, line_number)
+            if problem_or_record is None:
+                continue
+            if isinstance(problem_or_record, list):
+                problems.extend(problem_or_record)
+                continue
+            record = problem_or_record
+            if record.id in first_line_of_id:
+                reason = f"duplicate record id (first seen on line {first_line_of_id[record.id]})"
+                problems.append(RecordProblem(source, line_number, record.id, "id", reason))
+                continue
+            first_line_of_id[record.id] = line_number
+            records.append(record)
+    except (gzip.BadGzipFile, EOFError, zlib.error) as error:
+        reason = f"the gzip stream is corrupt or truncated ({error})"
+        problems.append(RecordProblem(source, last_line + 1, None, None, reason))
+    if problems:
+        raise RecordError(problems)
+    if not records:
+        raise RecordError([RecordProblem(source, 0, None, None, "the file holds no records")])
+    return records
+
+
+def _read_line(raw: bytes, source: str, line_number: int) -> Record | list[RecordProblem] | None:
+    """The record on one line, its problems, or None for a blank line."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        reason = f"invalid UTF-8 at byte {error.start} of the line"
+        return [RecordProblem(source, line_number, None, None, reason)]
+    if not text.strip():
+        return None
+    try:
+        data = loads_strict(text)
+    except FieldProblem as problem:
+        return [RecordProblem(source, line_number, _peek_id(text), problem.field or None, problem.reason)]
+    except ValueError as error:  # json.JSONDecodeError
+        return [RecordProblem(source, line_number, _peek_id(text), None, f"invalid JSON: {error}")]
+    try:
+        return parse_record(data, source=source, line=line_number)
+    except RecordError as error:
+        return list(error.problems)
+
+
+def _peek_id(text: str) -> str | None:
+    """The record id of a line the strict reader refused, when the lenient stdlib reader can still read it."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    return data.get("id") if isinstance(data, dict) and isinstance(data.get("id"), str) else None

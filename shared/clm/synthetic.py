@@ -1,0 +1,255 @@
+"""Synthetic SOC-triage SystemOne records whose answers follow hidden rules of the state.
+
+The data exists to make learning *measurable* on a laptop: a small sentence
+encoder (all-MiniLM-L6-v2) with trained heads should beat the untrained
+heads clearly, and an RL run should prefer the high-reward options. So:
+
+* every decisive signal appears as plain words in the state (the rule name,
+  the asset criticality, the user type, a threat-intel match, an approved
+  change ticket, an event count), half as JSON states, half as sentences;
+* the answers follow fixed rules of those signals (``clean_answers``), then a
+  configurable fraction of answers is replaced by a random other option
+  (label noise), so a perfect model scores about ``1 - label_noise``;
+* reward tables follow the *clean* truth, with asymmetric costs (calling a
+  malicious alert benign costs far more than over-reacting), so RL has a
+  signal the noisy labels do not carry;
+* every record asks the same three questions, one of each type.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# Rule name -> base risk (0 routine .. 3 attack technique).
+RULE_RISK: dict[str, int] = {
+    "scheduled backup job": 0,
+    "software update check": 0,
+    "authorized vulnerability scan": 0,
+    "failed login burst": 1,
+    "new admin account": 1,
+    "usb storage connected": 1,
+    "impossible travel": 2,
+    "mfa fatigue": 2,
+    "internal port scan": 2,
+    "encoded powershell": 3,
+    "dns tunneling": 3,
+    "credential dumping": 3,
+}
+CRITICALITIES = ("low", "medium", "high", "critical")
+USER_TYPES = ("service account", "employee", "administrator", "contractor", "guest")
+UNTRUSTED_USER_TYPES = frozenset({"contractor", "guest"})
+BURST_EVENT_COUNT = 100  # more events than this count as a burst and raise the risk
+
+DISPOSITIONS = ("benign", "suspicious", "malicious")
+SEVERITY_LEVELS = ("none", "low", "medium", "high", "critical")
+RECORD_INSTRUCTIONS = "You triage alerts for a mid-size company."
+
+QUESTIONS: dict[str, dict[str, Any]] = {
+    "disposition": {
+        "type": "choice",
+        "instructions": "What is this alert?",
+        "criteria": {"benign": "expected activity", "suspicious": "needs a closer look", "malicious": "an attack in progress"},
+    },
+    "escalate": {
+        "type": "noul",
+        "instructions": "Escalate to tier 2?",
+        "criteria": {"true": "a human analyst must act now", "false": "it can wait or be closed"},
+    },
+    "severity": {"type": "score", "instructions": "How severe is it?", "criteria": list(SEVERITY_LEVELS)},
+}
+OPTION_COUNTS = {"disposition": len(DISPOSITIONS), "escalate": 2, "severity": len(SEVERITY_LEVELS)}
+
+# Rewards by clean disposition, in DISPOSITIONS order: missing an attack is the costly mistake.
+DISPOSITION_REWARDS: dict[str, tuple[float, float, float]] = {
+    "benign": (1.0, -0.2, -1.0),
+    "suspicious": (-1.5, 1.0, 0.3),
+    "malicious": (-4.0, 0.3, 1.0),
+}
+ESCALATE_REWARDS = {True: (1.0, -3.0), False: (-0.5, 0.5)}  # (yes, no)
+
+REWARDED_FRACTION = 0.8  # records that carry reward tables
+UNANSWERED_FRACTION = 0.05  # answers left out (unlabelled questions)
+TEXT_STATE_FRACTION = 0.5
+INSTRUCTIONS_FRACTION = 0.3
+DEFAULT_LABEL_NOISE = 0.1
+
+
+@dataclass(frozen=True)
+class Alert:
+    """The hidden facts of one alert; the state shows all of them in words."""
+
+    rule: str
+    host: str
+    criticality: str
+    user: str
+    user_type: str
+    event_count: int
+    threat_intel_match: bool
+    change_ticket: str | None
+
+
+@dataclass(frozen=True)
+class SocTriageSample:
+    """A generated record and the rule-given (noise-free) label index of each question."""
+
+    record: dict[str, Any]
+    clean_labels: dict[str, int]
+
+
+def risk_score(alert: Alert) -> int:
+    risk = RULE_RISK[alert.rule]
+    risk += 2 if alert.threat_intel_match else 0
+    risk += 1 if alert.event_count > BURST_EVENT_COUNT else 0
+    risk += 1 if alert.user_type in UNTRUSTED_USER_TYPES else 0
+    risk -= 3 if alert.change_ticket else 0
+    return risk
+
+
+def clean_answers(alert: Alert) -> dict[str, int]:
+    """The hidden rules: gold label index per question (disposition, escalate: 0 = yes, severity level)."""
+    risk = risk_score(alert)
+    disposition = 0 if risk <= 1 else 1 if risk <= 3 else 2
+    important_asset = alert.criticality in ("high", "critical")
+    escalate = disposition == 2 or (disposition == 1 and important_asset)
+    if disposition == 0:
+        severity = 0
+    elif disposition == 1:
+        severity = 2 if important_asset else 1
+    else:
+        severity = {"low": 2, "medium": 3, "high": 3, "critical": 4}[alert.criticality]
+    return {"disposition": disposition, "escalate": 0 if escalate else 1, "severity": severity}
+
+
+def _sample_alert(rng: random.Random) -> Alert:
+    burst = rng.random() < 0.35
+    return Alert(
+        rule=rng.choice(list(RULE_RISK)),
+        host=f"{rng.choice(('wks', 'srv', 'db', 'fs', 'vpn'))}-{rng.randint(1, 250):03d}",
+        criticality=rng.choice(CRITICALITIES),
+        user=f"{rng.choice('abcdefghjkmnprst')}.{rng.choice(('doe', 'kim', 'ng', 'silva', 'meyer', 'rossi', 'okafor'))}",
+        user_type=rng.choice(USER_TYPES),
+        event_count=rng.randint(BURST_EVENT_COUNT + 1, 5000) if burst else rng.randint(1, 40),
+        threat_intel_match=rng.random() < 0.25,
+        change_ticket=f"CHG-{rng.randint(1000, 9999)}" if rng.random() < 0.2 else None,
+    )
+
+
+def _render_state(alert: Alert, as_text: bool) -> str | dict[str, Any]:
+    if as_text:
+        intel = "yes" if alert.threat_intel_match else "no"
+        ticket = f"approved change ticket {alert.change_ticket}" if alert.change_ticket else "no change ticket"
+        return (
+            f"Alert '{alert.rule}' on {alert.criticality} criticality host {alert.host}: "
+            f"user {alert.user} ({alert.user_type}) generated {alert.event_count} events in 10 minutes; "
+            f"threat intel match: {intel}; {ticket}."
+        )
+    return {
+        "rule": alert.rule,
+        "host": alert.host,
+        "asset_criticality": alert.criticality,
+        "user": alert.user,
+        "user_type": alert.user_type,
+        "event_count": alert.event_count,
+        "threat_intel_match": alert.threat_intel_match,
+        "change_ticket": alert.change_ticket or "none",
+    }
+
+
+def _noisy(label: int, option_count: int, label_noise: float, rng: random.Random) -> int:
+    """The label, or with probability ``label_noise`` a uniformly random *other* option."""
+    if rng.random() >= label_noise:
+        return label
+    return rng.choice([option for option in range(option_count) if option != label])
+
+
+def _answer_forms(labels: dict[str, int], rng: random.Random) -> dict[str, Any]:
+    """Answers in every accepted form, so consumers of the data exercise each of them."""
+    yes = labels["escalate"] == 0
+    return {
+        "disposition": DISPOSITIONS[labels["disposition"]],
+        "escalate": yes if rng.random() < 0.5 else ("yes" if yes else "no"),
+        "severity": labels["severity"] if rng.random() < 0.5 else SEVERITY_LEVELS[labels["severity"]],
+    }
+
+
+def _reward_tables(clean: dict[str, int]) -> dict[str, dict[str, float]]:
+    disposition = DISPOSITION_REWARDS[DISPOSITIONS[clean["disposition"]]]
+    yes_reward, no_reward = ESCALATE_REWARDS[clean["escalate"] == 0]
+    return {
+        "disposition": dict(zip(DISPOSITIONS, disposition)),
+        "escalate": {"yes": yes_reward, "no": no_reward},
+        # Ordinal: each level away from the truth costs half a point.
+        "severity": {str(k): 1.0 - 0.5 * abs(k - clean["severity"]) for k in range(len(SEVERITY_LEVELS))},
+    }
+
+
+def generate_soc_triage_samples(
+    n_records: int, seed: int | str, label_noise: float = DEFAULT_LABEL_NOISE, id_prefix: str = "soc"
+) -> list[SocTriageSample]:
+    """``n_records`` samples, the same for the same arguments on every machine and Python run."""
+    if n_records < 0:
+        raise ValueError(f"n_records must be >= 0, got {n_records}")
+    if not 0.0 <= label_noise < 1.0:
+        raise ValueError(f"label_noise must be in [0, 1), got {label_noise}")
+    rng = random.Random(f"soc-triage/{seed}")  # str seeds hash with sha512: stable across processes
+    samples = []
+    for index in range(n_records):
+        alert = _sample_alert(rng)
+        clean = clean_answers(alert)
+        noisy = {q: _noisy(label, OPTION_COUNTS[q], label_noise, rng) for q, label in clean.items()}
+        answers = _answer_forms(noisy, rng)
+        for question_id in QUESTIONS:
+            if rng.random() < UNANSWERED_FRACTION:
+                del answers[question_id]
+        record: dict[str, Any] = {
+            "id": f"{id_prefix}-{index:06d}",
+            "state": _render_state(alert, as_text=rng.random() < TEXT_STATE_FRACTION),
+        }
+        if rng.random() < INSTRUCTIONS_FRACTION:
+            record["instructions"] = RECORD_INSTRUCTIONS
+        record["questions"] = copy.deepcopy(QUESTIONS)  # callers may edit records
+        record["answers"] = answers
+        if rng.random() < REWARDED_FRACTION:
+            record["rewards"] = _reward_tables(clean)
+        samples.append(SocTriageSample(record=record, clean_labels=clean))
+    return samples
+
+
+def generate_soc_triage(
+    n_records: int, seed: int | str, label_noise: float = DEFAULT_LABEL_NOISE, id_prefix: str = "soc"
+) -> list[dict[str, Any]]:
+    """``n_records`` SystemOne records (plain dicts, one JSONL line each)."""
+    return [s.record for s in generate_soc_triage_samples(n_records, seed, label_noise, id_prefix)]
+
+
+def write_jsonl(records: list[dict[str, Any]], path: Path) -> None:
+    """Write records as compact UTF-8 JSONL, atomically (a reader never sees half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    with partial.open("w", encoding="utf-8", newline="\n") as stream:
+        for record in records:
+            stream.write(json.dumps(record, ensure_ascii=False, separators=(",", ":"), allow_nan=False) + "\n")
+    os.replace(partial, path)
+
+
+def write_soc_triage_splits(
+    out_dir: str | os.PathLike[str],
+    sizes: Mapping[str, int],
+    seed: int | str,
+    label_noise: float = DEFAULT_LABEL_NOISE,
+) -> dict[str, Path]:
+    """Write ``<split>.jsonl`` per split; splits draw from independent streams and have disjoint ids."""
+    out = Path(out_dir)
+    written = {}
+    for split, size in sizes.items():
+        records = generate_soc_triage(size, f"{seed}/{split}", label_noise, id_prefix=f"soc-{split}")
+        written[split] = out / f"{split}.jsonl"
+        write_jsonl(records, written[split])
+    return written
