@@ -1,0 +1,45 @@
+"""The "contrastive-lm" heads checkpoint (ARCHITECTURE §6): format, files, and versioned publishing.
+
+* ``format``: the content, its constants and every validation (``CheckpointError``).
+* ``files``: one checkpoint directory: ``save_checkpoint`` / ``load_checkpoint``.
+* ``store``: numbered versions under a shared root with an atomic ``latest`` pointer.
+"""
+
+from clm.checkpoint.files import LoadedCheckpoint, checkpoint_sha256, load_checkpoint, save_checkpoint
+from clm.checkpoint.format import (
+    CHECKPOINT_FORMAT,
+    CHECKPOINT_VERSION,
+    JSON_FILE,
+    MANIFEST_FILE,
+    PT_FILE,
+    SAFETENSORS_FILE,
+    CheckpointContent,
+    CheckpointError,
+)
+from clm.checkpoint.store import (
+    LATEST_FILE,
+    PublishedVersion,
+    list_versions,
+    publish_checkpoint,
+    resolve_latest,
+)
+
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "CHECKPOINT_VERSION",
+    "JSON_FILE",
+    "LATEST_FILE",
+    "MANIFEST_FILE",
+    "PT_FILE",
+    "SAFETENSORS_FILE",
+    "CheckpointContent",
+    "CheckpointError",
+    "LoadedCheckpoint",
+    "PublishedVersion",
+    "checkpoint_sha256",
+    "list_versions",
+    "load_checkpoint",
+    "publish_checkpoint",
+    "resolve_latest",
+    "save_checkpoint",
+]

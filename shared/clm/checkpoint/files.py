@@ -1,0 +1,221 @@
+"""Writing and reading one checkpoint directory: heads.pt, heads.safetensors, heads.json, manifest.json.
+
+* ``heads.pt`` is what clm-serve and the upstream tools load; it is read only
+  with ``torch.load(weights_only=True)``, so a file that smuggles code in a
+  pickle is refused before anything runs.
+* ``heads.safetensors`` carries the same tensors plus the metadata as JSON in
+  its header, for readers that want no pickle at all; ``heads.json`` is the
+  same metadata for humans and tools.
+* ``manifest.json`` (sha256 + size of each file) is written last: a directory
+  without it is an unfinished save, and a file that no longer matches it is
+  corrupt. The checkpoint's identity (used as a child's ``parent``) is the
+  sha256 of its ``heads.pt``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import safetensors
+import safetensors.torch
+import torch
+
+from clm.checkpoint.format import (
+    CHECKPOINT_FORMAT,
+    CHECKPOINT_VERSION,
+    JSON_FILE,
+    MANIFEST_FILE,
+    PT_FILE,
+    SAFETENSORS_FILE,
+    CheckpointContent,
+    CheckpointError,
+    content_from_heads,
+)
+from clm.durable import atomic_write_bytes, fsync_dir, sha256_file
+from clm.encoders.base import EncoderFingerprint
+from clm.heads import CLMHeadPair
+
+CHECKPOINT_FILES = (PT_FILE, SAFETENSORS_FILE, JSON_FILE)
+
+
+@dataclass(frozen=True)
+class LoadedCheckpoint(CheckpointContent):
+    """Validated checkpoint content plus where it came from and its identity."""
+
+    path: Path = Path()
+    sha256: str = ""  # sha256 of heads.pt: what a child checkpoint records as its `parent`
+
+    def to_heads(self, device: torch.device | str | None = None) -> CLMHeadPair:
+        """A ``CLMHeadPair`` holding these weights (no throwaway random init: built on meta, then assigned)."""
+        with torch.device("meta"):
+            heads = CLMHeadPair(self.config)
+        heads.load_state_dict({k: v.clone() for k, v in self.state_dict.items()}, strict=True, assign=True)
+        return heads.to(device) if device is not None else heads
+
+
+def checkpoint_sha256(path: str | os.PathLike) -> str:
+    """Identity of a checkpoint (directory or heads.pt): the sha256 of its heads.pt."""
+    _, pt_path = _locate(Path(path))
+    return sha256_file(pt_path)
+
+
+def save_checkpoint(
+    directory: str | os.PathLike,
+    heads: CLMHeadPair,
+    encoder_fingerprint: EncoderFingerprint,
+    template_version: str | None = None,
+    metrics: dict | None = None,
+    parent: str | None = None,
+) -> LoadedCheckpoint:
+    """Write a complete checkpoint into ``directory`` (created if absent; refused if it holds one).
+
+    ``template_version`` defaults to the fingerprint's and must agree with it.
+    Each file is written atomically and fsynced; the manifest comes last. For
+    publishing where readers may be watching, use ``publish_checkpoint``.
+    """
+    directory = Path(directory)
+    content = content_from_heads(heads, encoder_fingerprint, template_version, metrics, parent)
+    directory.mkdir(parents=True, exist_ok=True)
+    if (directory / MANIFEST_FILE).exists() or (directory / PT_FILE).exists():
+        raise CheckpointError(f"a checkpoint already exists in {directory}; checkpoints are immutable")
+
+    pt_buffer = io.BytesIO()
+    torch.save(content.to_payload(), pt_buffer)
+    metadata = content.metadata()
+    metadata_json = json.dumps(metadata, sort_keys=True, allow_nan=False)
+    blobs = {
+        PT_FILE: pt_buffer.getvalue(),
+        SAFETENSORS_FILE: safetensors.torch.save(
+            content.state_dict,
+            metadata={"format": CHECKPOINT_FORMAT, "version": str(CHECKPOINT_VERSION), "metadata": metadata_json},
+        ),
+        JSON_FILE: (json.dumps(metadata, sort_keys=True, indent=2, allow_nan=False) + "\n").encode("utf-8"),
+    }
+    for name, data in blobs.items():
+        atomic_write_bytes(directory / name, data)
+    manifest = {
+        "format": CHECKPOINT_FORMAT,
+        "version": CHECKPOINT_VERSION,
+        "files": {name: {"sha256": sha256_file(directory / name), "bytes": len(data)} for name, data in blobs.items()},
+    }
+    atomic_write_bytes(directory / MANIFEST_FILE, (json.dumps(manifest, sort_keys=True, indent=2) + "\n").encode())
+    fsync_dir(directory)
+    return LoadedCheckpoint(**_fields(content), path=directory, sha256=manifest["files"][PT_FILE]["sha256"])
+
+
+def load_checkpoint(
+    path: str | os.PathLike, *, source: Literal["pt", "safetensors"] = "pt", verify_hashes: bool = True
+) -> LoadedCheckpoint:
+    """Load and validate a checkpoint from its directory or its heads.pt path.
+
+    A directory must hold a manifest (else it is an unfinished save). A bare
+    heads.pt without a manifest beside it is accepted (e.g. a file copied out
+    for clm-serve) and gets every structural check, but no hash check.
+    """
+    directory, pt_path = _locate(Path(path))
+    manifest_path = directory / MANIFEST_FILE
+    pt_sha: str | None = None
+    if manifest_path.is_file():
+        if verify_hashes:
+            pt_sha = _verify_manifest(directory)
+    elif Path(path).is_dir():
+        raise CheckpointError(f"{directory} holds no {MANIFEST_FILE}: the save never completed (torn checkpoint)")
+    elif source == "safetensors":
+        raise CheckpointError(f"{pt_path}: loading from safetensors needs the checkpoint directory with its manifest")
+
+    if source == "pt":
+        content = CheckpointContent.from_payload(_read_pt(pt_path), source=str(pt_path))
+    elif source == "safetensors":
+        content = _read_safetensors(directory / SAFETENSORS_FILE)
+    else:
+        raise ValueError(f"source must be 'pt' or 'safetensors', got {source!r}")
+    return LoadedCheckpoint(**_fields(content), path=directory, sha256=pt_sha or sha256_file(pt_path))
+
+
+def _fields(content: CheckpointContent) -> dict:
+    return {name: getattr(content, name) for name in CheckpointContent.__dataclass_fields__}
+
+
+def _locate(path: Path) -> tuple[Path, Path]:
+    if path.is_dir():
+        return path, path / PT_FILE
+    if path.is_file():
+        return path.parent, path
+    raise CheckpointError(f"no checkpoint at {path}")
+
+
+def _read_pt(pt_path: Path) -> object:
+    if not pt_path.is_file():
+        raise CheckpointError(f"{pt_path} is missing")
+    try:
+        return torch.load(pt_path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise CheckpointError(
+            f"{pt_path}: refused: it pickles objects other than tensors and plain values, which "
+            f"torch.load(weights_only=True) will not construct ({reason})"
+        ) from error
+    except Exception as error:  # truncated zip, wrong magic, legacy format, ...: all mean "unreadable"
+        raise CheckpointError(f"{pt_path}: not a readable torch.save file (truncated or corrupt?): {error}") from error
+
+
+def _read_safetensors(st_path: Path) -> CheckpointContent:
+    try:
+        with safetensors.safe_open(str(st_path), framework="pt") as handle:
+            header = handle.metadata() or {}
+        state_dict = safetensors.torch.load_file(str(st_path))
+    except Exception as error:
+        raise CheckpointError(f"{st_path}: not a readable safetensors file: {error}") from error
+    if header.get("format") != CHECKPOINT_FORMAT or "metadata" not in header:
+        raise CheckpointError(f"{st_path}: its header does not describe a {CHECKPOINT_FORMAT} checkpoint")
+    try:
+        metadata = json.loads(header["metadata"])
+    except json.JSONDecodeError as error:
+        raise CheckpointError(f"{st_path}: header metadata is not JSON: {error}") from error
+    if not isinstance(metadata, dict):
+        raise CheckpointError(f"{st_path}: header metadata is not a JSON object")
+    return CheckpointContent.from_payload({**metadata, "state_dict": state_dict}, source=str(st_path))
+
+
+def read_manifest(directory: Path) -> dict:
+    manifest_path = directory / MANIFEST_FILE
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise CheckpointError(f"{manifest_path}: unreadable manifest: {error}") from error
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if (
+        not isinstance(files, dict)
+        or manifest.get("format") != CHECKPOINT_FORMAT
+        or set(files) != set(CHECKPOINT_FILES)
+        or not all(isinstance(v, dict) and {"sha256", "bytes"} <= set(v) for v in files.values())
+    ):
+        raise CheckpointError(f"{manifest_path}: not a {CHECKPOINT_FORMAT} manifest listing {list(CHECKPOINT_FILES)}")
+    return manifest
+
+
+def _verify_manifest(directory: Path) -> str:
+    """Check each file's size then sha256 against the manifest; returns heads.pt's sha256."""
+    manifest = read_manifest(directory)
+    for name, expected in manifest["files"].items():
+        file_path = directory / name
+        if not file_path.is_file():
+            raise CheckpointError(f"{file_path} is missing (listed in {MANIFEST_FILE})")
+        size = file_path.stat().st_size
+        if size != expected["bytes"]:
+            raise CheckpointError(
+                f"{file_path} is {size} bytes, {MANIFEST_FILE} says {expected['bytes']} (truncated or modified)"
+            )
+        actual = sha256_file(file_path)
+        if actual != expected["sha256"]:
+            raise CheckpointError(
+                f"{file_path} sha256 {actual} does not match {MANIFEST_FILE} "
+                f"({expected['sha256']}): corrupt or modified"
+            )
+    return manifest["files"][PT_FILE]["sha256"]

@@ -1,0 +1,179 @@
+"""Publishing checkpoints as numbered versions under a shared root, safely under concurrency.
+
+Layout::
+
+    root/<name>/v0001/{heads.pt, heads.safetensors, heads.json, manifest.json}
+    root/<name>/v0002/...
+    root/<name>/latest        one line, e.g. "v0002"
+
+Publishing (ARCHITECTURE §6: a reader never sees a half-written checkpoint):
+
+1. The checkpoint is written and fsynced in a hidden staging directory inside
+   ``root/<name>`` (same filesystem, so the next step is an atomic rename).
+2. The staging directory is renamed to the next free ``vNNNN``. A rename onto an
+   existing, non-empty directory fails, so two publishers can never claim the same
+   number: the loser retries with the next one. Version folders only ever appear
+   complete.
+3. ``latest`` moves last, under an ``flock`` and only forward, so two publishers
+   finishing out of order cannot move it back to the older version.
+
+``latest`` is a small file replaced atomically (temp + fsync + ``os.replace``)
+rather than a symlink because shared volumes do not all keep symlinks (object-store
+syncs, ``kubectl cp``, SMB), and a file replace is a plain modify event for the
+watchers that hot-reload clm-serve.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from clm.checkpoint.files import read_manifest, save_checkpoint
+from clm.checkpoint.format import MANIFEST_FILE, PT_FILE, CheckpointError
+from clm.durable import atomic_write_bytes, fsync_dir, temp_sibling
+from clm.encoders.base import EncoderFingerprint
+from clm.heads import CLMHeadPair
+
+LATEST_FILE = "latest"
+_LOCK_FILE = ".publish.lock"
+_VERSION_DIR = re.compile(r"^v(\d{4,})$")
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_MAX_CLAIM_ATTEMPTS = 1000
+
+
+@dataclass(frozen=True)
+class PublishedVersion:
+    name: str
+    version: int
+    path: Path  # the version directory
+    sha256: str  # identity of its heads.pt (what a child records as `parent`)
+
+    @property
+    def label(self) -> str:
+        return version_label(self.version)
+
+
+def version_label(version: int) -> str:
+    return f"v{version:04d}"
+
+
+def publish_checkpoint(
+    root: str | os.PathLike,
+    name: str,
+    heads: CLMHeadPair,
+    encoder_fingerprint: EncoderFingerprint,
+    template_version: str | None = None,
+    metrics: dict | None = None,
+    parent: str | None = None,
+) -> PublishedVersion:
+    """Write the heads as the next version of ``name`` under ``root`` and move ``latest`` to it."""
+    name_dir = _name_dir(root, name)
+    name_dir.mkdir(parents=True, exist_ok=True)
+    staging = temp_sibling(name_dir / "staging", "publish")
+    try:
+        saved = save_checkpoint(staging, heads, encoder_fingerprint, template_version, metrics, parent)
+        version_dir = _claim_next_version(name_dir, staging)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    version = _parse_version(version_dir.name)
+    _advance_latest(name_dir, version)
+    return PublishedVersion(name=name, version=version, path=version_dir, sha256=saved.sha256)
+
+
+def list_versions(root: str | os.PathLike, name: str) -> list[PublishedVersion]:
+    """Every complete version of ``name``, oldest first (staging folders are never listed)."""
+    name_dir = _name_dir(root, name)
+    if not name_dir.is_dir():
+        return []
+    versions = []
+    for entry in name_dir.iterdir():
+        if entry.is_dir() and _VERSION_DIR.match(entry.name) and (entry / MANIFEST_FILE).is_file():
+            sha = read_manifest(entry)["files"][PT_FILE]["sha256"]
+            versions.append(PublishedVersion(name, _parse_version(entry.name), entry, sha))
+    return sorted(versions, key=lambda v: v.version)
+
+
+def resolve_latest(root: str | os.PathLike, name: str) -> PublishedVersion:
+    """The version ``latest`` points at; ``CheckpointError`` when none is published or the pointer is bad."""
+    name_dir = _name_dir(root, name)
+    version = _read_latest(name_dir)
+    if version is None:
+        raise CheckpointError(f"no published version of {name!r} under {name_dir} (no {LATEST_FILE} pointer)")
+    version_dir = name_dir / version_label(version)
+    if not (version_dir / MANIFEST_FILE).is_file():
+        raise CheckpointError(f"{name_dir / LATEST_FILE} points at {version_dir.name}, which is not a complete version")
+    sha = read_manifest(version_dir)["files"][PT_FILE]["sha256"]
+    return PublishedVersion(name, version, version_dir, sha)
+
+
+def _name_dir(root: str | os.PathLike, name: str) -> Path:
+    if not _SAFE_NAME.match(name) or name in {".", ".."}:
+        raise ValueError(
+            f"checkpoint name {name!r} must be 1-128 characters of letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return Path(root) / name
+
+
+def _parse_version(label: str) -> int:
+    match = _VERSION_DIR.match(label)
+    if not match:
+        raise CheckpointError(f"{label!r} is not a version label like v0001")
+    return int(match.group(1))
+
+
+def _existing_versions(name_dir: Path) -> list[int]:
+    return [int(m.group(1)) for entry in os.listdir(name_dir) if (m := _VERSION_DIR.match(entry))]
+
+
+def _claim_next_version(name_dir: Path, staging: Path) -> Path:
+    """Rename ``staging`` to the lowest free version above every existing one; retry on a lost race."""
+    candidate = max(_existing_versions(name_dir), default=0) + 1
+    for _ in range(_MAX_CLAIM_ATTEMPTS):
+        target = name_dir / version_label(candidate)
+        try:
+            # Never replace an existing entry: a non-empty directory makes rename fail
+            # (ENOTEMPTY/EEXIST), and we check for a stray empty one just before.
+            if not target.exists():
+                os.rename(staging, target)
+                fsync_dir(name_dir)
+                return target
+        except OSError as error:
+            if error.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+                raise
+        candidate = max([candidate, *_existing_versions(name_dir)]) + 1
+    raise CheckpointError(f"could not claim a version folder under {name_dir} after {_MAX_CLAIM_ATTEMPTS} attempts")
+
+
+def _read_latest(name_dir: Path) -> int | None:
+    latest = name_dir / LATEST_FILE
+    try:
+        label = latest.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        return None
+    try:
+        return _parse_version(label)
+    except CheckpointError:
+        raise CheckpointError(f"{latest} holds {label!r:.100}, not a version label like v0001") from None
+
+
+def _advance_latest(name_dir: Path, version: int) -> None:
+    """Point ``latest`` at ``version`` unless it already points at a newer one (monotonic)."""
+    with open(name_dir / _LOCK_FILE, "a") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        try:
+            try:
+                current = _read_latest(name_dir)
+            except CheckpointError:
+                current = None  # a damaged pointer is repaired by the next publish
+            if current is None or version > current:
+                atomic_write_bytes(name_dir / LATEST_FILE, f"{version_label(version)}\n".encode())
+        finally:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+    fsync_dir(name_dir)
