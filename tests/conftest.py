@@ -46,3 +46,11 @@ def _flush_shared_redis(request):
 
         redis.Redis.from_url(request.getfixturevalue("redis_url")).flushdb()
     yield
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_dir() -> Path:
+    """The tiny test encoder (a Qwen3 built locally from a fixed seed; cached under var/)."""
+    from clm.encoders.tiny_qwen3 import build_tiny_qwen3
+
+    return build_tiny_qwen3(REPO_ROOT / "var" / "models" / "tiny-qwen3")

@@ -45,3 +45,5 @@ class EmbedderSettings(BaseSettings):
     max_chars_per_input: int = Field(32768, ge=1, description="A longer input gets 413.")
     max_in_flight_requests: int = Field(16, ge=1, description="Requests processed at once; more get 503 with Retry-After.")
     retry_after_s: int = Field(1, ge=1, description="Retry-After seconds sent with 429/503.")
+    max_body_bytes: int = Field(64 * 2**20, ge=1024, description="Larger request bodies get 413 before they are read.")
+    log_level: str = Field("info", description="Log level (debug, info, warning, error).")

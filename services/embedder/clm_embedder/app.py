@@ -1,0 +1,35 @@
+"""The embedder's FastAPI app: wiring only (state is built in the lifespan)."""
+
+from __future__ import annotations
+
+import contextlib
+
+from fastapi import FastAPI
+
+from clm_http.errors import install_error_handlers
+from clm_http.limits import BodySizeLimitMiddleware
+
+from .routes import router
+from .settings import EmbedderSettings
+from .state import EmbedderState
+
+
+def create_app(settings: EmbedderSettings | None = None) -> FastAPI:
+    settings = settings or EmbedderSettings()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        app.state.embedder = EmbedderState.build(settings)
+        try:
+            yield
+        finally:
+            await app.state.embedder.aclose()
+
+    app = FastAPI(title="clm-embedder", version="0.1.0", lifespan=lifespan,
+                  description="OpenAI/vLLM-compatible /v1/embeddings over a Redis + disk cache.")
+    install_error_handlers(app, validation_status=422)
+    app.include_router(router)
+    # Upper bound of a legal body: every input at its character limit, 4 bytes per character in JSON escapes.
+    max_body = settings.max_inputs_per_request * (settings.max_chars_per_input * 4 + 16) + 4096
+    app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=min(max_body, settings.max_body_bytes))
+    return app

@@ -1,0 +1,136 @@
+"""HTTP routes of the embedder: embeddings, encoder identity, cache stats, health, metrics."""
+
+from __future__ import annotations
+
+import base64
+import time
+
+import numpy as np
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from clm.encoders.base import EncoderError
+from clm_http.errors import APIError
+
+from .admission import Saturated
+from .protocol import EmbeddingData, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage
+from .state import EmbedderState
+
+router = APIRouter()
+
+
+def _state(request: Request) -> EmbedderState:
+    return request.app.state.embedder
+
+
+def _check_request(body: EmbeddingRequest, state: EmbedderState) -> list[str]:
+    settings = state.settings
+    if body.model is not None and body.model not in (settings.served_model_name, state.backend.fingerprint.model):
+        raise APIError(404, f"model {body.model!r} is not served here; this embedder serves "
+                            f"{settings.served_model_name!r}", param="model", err_type="NotFoundError")
+    if body.dimensions is not None and body.dimensions != state.backend.dim:
+        raise APIError(400, f"dimensions={body.dimensions} is not supported: this encoder returns "
+                            f"{state.backend.dim}-dimensional vectors (no Matryoshka truncation)", param="dimensions")
+    texts = body.texts()
+    if not texts:
+        raise APIError(422, "input must hold at least one text", param="input")
+    if len(texts) > settings.max_inputs_per_request:
+        raise APIError(413, f"{len(texts)} inputs exceed the limit of {settings.max_inputs_per_request} per request",
+                       param="input")
+    for index, text in enumerate(texts):
+        if len(text) > settings.max_chars_per_input:
+            raise APIError(413, f"input {index} has {len(text)} characters; the limit is "
+                                f"{settings.max_chars_per_input}", param=f"input.{index}")
+    return texts
+
+
+def _encode_rows(vectors: np.ndarray, encoding_format: str, dtype: str) -> list[list[float] | str]:
+    cast = vectors.astype("<f2" if dtype == "float16" else "<f4", copy=False)
+    if encoding_format == "base64":
+        return [base64.b64encode(row.tobytes()).decode("ascii") for row in cast]
+    return cast.astype(np.float64).tolist() if dtype == "float16" else cast.tolist()
+
+
+@router.post("/v1/embeddings", response_model=EmbeddingResponse)
+async def create_embeddings(body: EmbeddingRequest, request: Request) -> JSONResponse:
+    state = _state(request)
+    metrics = state.metrics
+    started = time.perf_counter()
+    texts = _check_request(body, state)
+    metrics.inputs_per_request.observe(len(texts))
+    retry_after = {"Retry-After": str(state.settings.retry_after_s)}
+    try:
+        with state.gate.admit():
+            metrics.in_flight.inc()
+            try:
+                result = await state.cache.get_or_encode(texts, state.backend)
+            finally:
+                metrics.in_flight.dec()
+    except Saturated as exc:
+        metrics.errors.labels("saturated").inc()
+        metrics.requests.labels("503").inc()
+        raise APIError(503, f"embedder saturated: {exc}; retry later", headers=retry_after) from None
+    except EncoderError as exc:
+        metrics.errors.labels("backend").inc()
+        metrics.requests.labels("503").inc()
+        raise APIError(503, f"encoder backend unavailable: {exc}", headers=retry_after) from None
+    rows = _encode_rows(result.vectors, body.encoding_format, body.embed_dtype)
+    response = EmbeddingResponse(
+        model=body.model or state.settings.served_model_name,
+        data=[EmbeddingData(index=i, embedding=row) for i, row in enumerate(rows)],
+        usage=EmbeddingUsage(prompt_tokens=result.prompt_tokens, total_tokens=result.prompt_tokens),
+    )
+    metrics.requests.labels("200").inc()
+    metrics.request_seconds.observe(time.perf_counter() - started)
+    headers = {
+        "X-Cache-Redis-Hits": str(result.redis_hits),
+        "X-Cache-Disk-Hits": str(result.disk_hits),
+        "X-Cache-Misses": str(result.misses),
+        "X-Cache-Corrupt-Dropped": str(result.corrupt_dropped),
+    }
+    return JSONResponse(response.model_dump(), headers=headers)
+
+
+@router.get("/v1/encoder")
+async def encoder_identity(request: Request) -> dict:
+    """The fingerprint remote clients (the trainer, clm-serve) key their own caches and checkpoints by."""
+    backend = _state(request).backend
+    return {"model": _state(request).settings.served_model_name, "dim": backend.dim,
+            "fingerprint": backend.fingerprint.as_dict(), "digest": backend.fingerprint.digest}
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> dict:
+    state = _state(request)
+    return {"object": "list", "data": [{"id": state.settings.served_model_name, "object": "model",
+                                        "owned_by": "clm", "root": state.backend.fingerprint.model}]}
+
+
+@router.get("/v1/cache/stats")
+async def cache_stats(request: Request) -> dict:
+    state = _state(request)
+    return {**state.cache.stats(), "backend_texts_encoded": state.backend.texts_encoded,
+            "backend_calls": state.backend.calls}
+
+
+@router.get("/health")
+async def health(request: Request) -> Response:
+    state = _state(request)
+    tiers = await state.cache.health()
+    try:
+        backend_ok = await state.backend.health()
+    except Exception:  # a health probe must answer, whatever the backend does
+        backend_ok = False
+    if not backend_ok or not tiers.disk.available:
+        status, code = "unavailable", 503
+    elif tiers.degraded:
+        status, code = "degraded", 200  # serving from disk and backend; Redis is down
+    else:
+        status, code = "ok", 200
+    return JSONResponse({"status": status, "backend": backend_ok, **tiers.as_dict()}, status_code=code)
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    return Response(generate_latest(_state(request).metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,40 @@
+"""What one embedder process holds: settings, the instrumented backend, the cache, the gate."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from clm.cache import DiskTier, EmbeddingCache, RedisTier
+from clm.encoders.factory import build_encoder
+
+from .admission import AdmissionGate
+from .instrumented import InstrumentedBackend
+from .metrics import EmbedderMetrics
+from .settings import EmbedderSettings
+
+
+@dataclass
+class EmbedderState:
+    settings: EmbedderSettings
+    backend: InstrumentedBackend
+    cache: EmbeddingCache
+    gate: AdmissionGate
+    metrics: EmbedderMetrics
+
+    @classmethod
+    def build(cls, settings: EmbedderSettings) -> "EmbedderState":
+        metrics = EmbedderMetrics.create()
+        backend = InstrumentedBackend(build_encoder(settings), metrics)
+        redis = None
+        if settings.redis_url:
+            redis = RedisTier(settings.redis_url, maxmemory=settings.redis_maxmemory or None,
+                              maxmemory_policy=settings.redis_maxmemory_policy or None)
+        disk = DiskTier(settings.disk_cache_dir, map_size=int(settings.disk_cache_map_size_gb * 2**30))
+        cache = EmbeddingCache(redis=redis, disk=disk, store_dtype=settings.cache_dtype,
+                               redis_ttl_s=settings.redis_ttl_s or None, registry=metrics.registry)
+        return cls(settings=settings, backend=backend, cache=cache,
+                   gate=AdmissionGate(settings.max_in_flight_requests), metrics=metrics)
+
+    async def aclose(self) -> None:
+        await self.cache.aclose()
+        await self.backend.aclose()

@@ -1,0 +1,94 @@
+"""Start the project's services as real local processes (tests, benchmarks, ``make demo``).
+
+One place knows how each service is launched (console script + environment),
+so the demo, the benchmarks and the tests all exercise the same start-up path
+an operator uses. Processes run in their own session and are stopped by PID.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from clm.procs import ManagedProcess, free_port, wait_http
+
+BIN_DIR = Path(sys.executable).parent
+
+
+@dataclass
+class Service:
+    process: ManagedProcess
+    url: str
+
+    def stop(self) -> None:
+        self.process.stop()
+
+    def kill(self) -> None:
+        self.process.kill()
+
+
+def _script(name: str) -> str:
+    path = BIN_DIR / name
+    if not path.exists():
+        raise FileNotFoundError(f"console script {path} is missing; run `make setup`")
+    return str(path)
+
+
+def _start(name: str, script_args: list[str], env: dict[str, str], log_dir: Path, port: int,
+           health_path: str | None = "/health", timeout: float = 180.0) -> Service:
+    process = ManagedProcess(f"{name}:{port}", script_args, log_dir / f"{name}-{port}.log",
+                             env={"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                                  **env}).start()
+    url = f"http://127.0.0.1:{port}"
+    if health_path is not None:
+        try:
+            wait_http(process, url + health_path, timeout=timeout)
+        except BaseException:
+            process.stop()
+            raise
+    return Service(process, url)
+
+
+def start_embedder(log_dir: Path, *, cache_dir: Path, redis_url: str = "", port: int | None = None,
+                   model: str = "minilm", backend: str = "local", extra_env: dict[str, str] | None = None,
+                   wait: bool = True) -> Service:
+    port = port or free_port()
+    env = {"CLM_EMBEDDER_PORT": str(port), "CLM_EMBEDDER_MODEL": model, "CLM_EMBEDDER_BACKEND": backend,
+           "CLM_EMBEDDER_REDIS_URL": redis_url, "CLM_EMBEDDER_DISK_CACHE_DIR": str(cache_dir),
+           "CLM_EMBEDDER_DISK_CACHE_MAP_SIZE_GB": "1", **(extra_env or {})}
+    return _start("embedder", [_script("clm-embedder")], env, log_dir, port, "/health" if wait else None)
+
+
+def start_trainer_api(log_dir: Path, *, redis_url: str, embedder_url: str, data_root: Path,
+                      checkpoint_root: Path, work_root: Path, port: int | None = None,
+                      extra_env: dict[str, str] | None = None) -> Service:
+    port = port or free_port()
+    env = {**_trainer_env(redis_url, embedder_url, data_root, checkpoint_root, work_root),
+           "CLM_TRAINER_PORT": str(port), **(extra_env or {})}
+    return _start("trainer-api", [_script("clm-trainer"), "api"], env, log_dir, port)
+
+
+def start_trainer_worker(log_dir: Path, *, redis_url: str, embedder_url: str, data_root: Path,
+                         checkpoint_root: Path, work_root: Path, index: int = 0,
+                         extra_env: dict[str, str] | None = None) -> ManagedProcess:
+    env = {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           **_trainer_env(redis_url, embedder_url, data_root, checkpoint_root, work_root), **(extra_env or {})}
+    return ManagedProcess(f"trainer-worker-{index}", [_script("clm-trainer"), "worker"],
+                          log_dir / f"trainer-worker-{index}.log", env=env).start()
+
+
+def _trainer_env(redis_url: str, embedder_url: str, data_root: Path, checkpoint_root: Path,
+                 work_root: Path) -> dict[str, str]:
+    return {"CLM_TRAINER_REDIS_URL": redis_url, "CLM_TRAINER_EMBEDDER_URL": embedder_url,
+            "CLM_TRAINER_DATA_ROOT": str(data_root), "CLM_TRAINER_CHECKPOINT_ROOT": str(checkpoint_root),
+            "CLM_TRAINER_WORK_ROOT": str(work_root)}
+
+
+def start_serve(log_dir: Path, *, checkpoint_root: Path, heads_name: str, embedder_url: str = "",
+                port: int | None = None, extra_env: dict[str, str] | None = None) -> Service:
+    port = port or free_port()
+    env = {"CLM_SERVE_PORT": str(port), "CLM_SERVE_CHECKPOINT_ROOT": str(checkpoint_root),
+           "CLM_SERVE_HEADS_NAME": heads_name, "CLM_SERVE_EMBEDDER_URL": embedder_url, **(extra_env or {})}
+    # /health is 503 until heads are loaded; readiness of the process is /v1/heads.
+    return _start("clm-serve", [_script("clm-serve")], env, log_dir, port, "/v1/heads")
