@@ -1,0 +1,157 @@
+"""Validate identified question scores against supervision, then pad once.
+
+Model adapters attach identities (record, question, option order) to the
+scores in their actual output order.  This boundary rejects every mismatch it
+can see: record order, question order, option ids or order, width, dtype,
+device and non-finite scores, each with a message naming the record and the
+question.  It cannot infer identities from anonymous values, nor detect a
+caller attaching wrong identities to right-looking values.
+
+Padding happens exactly once, into ``[Q, O]`` filled with ``-inf``, with a
+single ``masked_scatter`` so autograd stays connected to every input score.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from clm.decision.errors import DecisionBatchError
+from clm.decision.targets import DecisionTargetProtocol, DecisionTargets
+
+__all__ = [
+    "DecisionBatch",
+    "DecisionTargetProtocol",
+    "DecisionTargets",
+    "QuestionLogits",
+    "assemble_decision_batch",
+]
+
+
+@dataclass(frozen=True)
+class QuestionLogits:
+    """Scores of one question carrying their model-output identity through assembly.
+
+    ``values`` is a 1-D floating tensor with one score per entry of
+    ``option_ids``, in the same order.
+    """
+
+    record_id: str
+    question_id: str
+    option_ids: tuple[str, ...]
+    values: torch.Tensor
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "option_ids", tuple(self.option_ids))
+
+
+@dataclass(frozen=True)
+class DecisionBatch:
+    """Validated, record-major inputs to the decision objective.
+
+    ``logits`` is ``[questions, max_options]`` with ``-inf`` padding and
+    autograd connected to every input question's scores; ``targets.option_mask``
+    is the single authoritative mask for these logits.
+    """
+
+    logits: torch.Tensor
+    targets: DecisionTargets
+
+
+def _validated_rows(
+    logits: Sequence[Sequence[QuestionLogits]], targets: DecisionTargets
+) -> list[torch.Tensor]:
+    """Check identified ragged rows against the prepared supervision order.
+
+    Returns the score tensors in row (record-major) order.  Raises
+    :class:`DecisionBatchError` naming the record and question at the first
+    mismatch.
+    """
+    if len(logits) != targets.num_records:
+        raise DecisionBatchError(
+            f"scores cover {len(logits)} records but the supervision has {targets.num_records}: "
+            f"expected records {list(targets.record_ids)}"
+        )
+    rows: list[torch.Tensor] = []
+    reference_dtype: torch.dtype | None = None
+    for position, (record_scores, record_id, question_ids, option_ids) in enumerate(
+        zip(logits, targets.record_ids, targets.question_ids, targets.option_ids)
+    ):
+        for scores in record_scores:
+            if not isinstance(scores, QuestionLogits):
+                raise DecisionBatchError(
+                    f"record {record_id!r}: expected QuestionLogits, got {type(scores).__name__}"
+                )
+            if scores.record_id != record_id:
+                raise DecisionBatchError(
+                    f"record {record_id!r}, question {scores.question_id!r}: scores at record position "
+                    f"{position} belong to record {scores.record_id!r} (record order differs from the supervision "
+                    f"{list(targets.record_ids)})"
+                )
+        got_questions = [scores.question_id for scores in record_scores]
+        if len(got_questions) != len(question_ids):
+            raise DecisionBatchError(
+                f"record {record_id!r} (position {position}): got {len(got_questions)} questions "
+                f"{got_questions}, expected {len(question_ids)} {list(question_ids)}"
+            )
+        for index, (scores, question_id, options) in enumerate(zip(record_scores, question_ids, option_ids)):
+            where = f"record {record_id!r}, question {question_id!r}"
+            if scores.question_id != question_id:
+                raise DecisionBatchError(
+                    f"{where}: scores at question position {index} belong to question {scores.question_id!r} "
+                    f"(question order differs from the supervision {list(question_ids)})"
+                )
+            if scores.option_ids != options:
+                kind = "option order" if sorted(scores.option_ids) == sorted(options) else "option ids"
+                raise DecisionBatchError(
+                    f"{where}: {kind} differ: scores have {list(scores.option_ids)}, supervision has {list(options)}"
+                )
+            values = scores.values
+            if not isinstance(values, torch.Tensor) or values.dim() != 1 or values.shape[0] != len(options):
+                shape = tuple(values.shape) if isinstance(values, torch.Tensor) else type(values).__name__
+                raise DecisionBatchError(
+                    f"{where}: width mismatch, scores have shape {shape} for {len(options)} options"
+                )
+            if not values.dtype.is_floating_point:
+                raise DecisionBatchError(f"{where}: scores must be floating point, got {values.dtype}")
+            reference_dtype = reference_dtype or values.dtype
+            if values.dtype != reference_dtype:
+                raise DecisionBatchError(
+                    f"{where}: dtype {values.dtype} differs from the batch's first scores ({reference_dtype})"
+                )
+            if values.device != targets.device:
+                raise DecisionBatchError(
+                    f"{where}: scores are on {values.device} but the supervision is on {targets.device}"
+                )
+            rows.append(values)
+    return rows
+
+
+def assemble_decision_batch(
+    logits: Sequence[Sequence[QuestionLogits]], targets: DecisionTargets
+) -> DecisionBatch:
+    """Validate identified scores and pad them using the supervision's mask.
+
+    ``logits[r]`` are record ``r``'s :class:`QuestionLogits` in model-output
+    order.  The result's ``logits`` is ``[Q, O]``, ``-inf`` where padded.
+    """
+    rows = _validated_rows(logits, targets)
+    flat = torch.cat(rows)
+    if not bool(torch.isfinite(flat).all()):
+        _raise_first_non_finite(rows, targets)
+    padded = torch.full(targets.option_mask.shape, float("-inf"), dtype=flat.dtype, device=flat.device)
+    # The mask is in prefix form and rows are record-major, so row-major scatter
+    # order is exactly the order of ``flat``.
+    return DecisionBatch(logits=padded.masked_scatter(targets.option_mask, flat), targets=targets)
+
+
+def _raise_first_non_finite(rows: Sequence[torch.Tensor], targets: DecisionTargets) -> None:
+    """Name the first (record, question) whose scores hold NaN or +-inf."""
+    bad = torch.stack([~torch.isfinite(row.detach()).all() for row in rows])
+    row = int(bad.nonzero()[0, 0])
+    record_id, question_id = targets.row_ids[row]
+    raise DecisionBatchError(
+        f"record {record_id!r}, question {question_id!r}: non-finite score in {rows[row].detach().tolist()}"
+    )
