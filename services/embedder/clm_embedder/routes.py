@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from clm.encoders.base import EncoderError
+from clm.encoders.base import EncoderError, EncoderInputError
 from clm_http.errors import APIError
 
 from .admission import Saturated
@@ -71,6 +71,12 @@ async def create_embeddings(body: EmbeddingRequest, request: Request) -> JSONRes
         metrics.errors.labels("saturated").inc()
         metrics.requests.labels("503").inc()
         raise APIError(503, f"embedder saturated: {exc}; retry later", headers=retry_after) from None
+    except EncoderInputError as exc:
+        # The backend refused one input (e.g. longer than the served model accepts): the client's fault.
+        metrics.errors.labels("input").inc()
+        metrics.requests.labels("400").inc()
+        raise APIError(400, f"input {exc.index} was refused by the encoder: {exc.detail}",
+                       param=f"input.{exc.index}") from None
     except EncoderError as exc:
         metrics.errors.labels("backend").inc()
         metrics.requests.labels("503").inc()

@@ -56,6 +56,20 @@ class EncoderError(RuntimeError):
     """The backend could not encode (down, timed out, refused). Nothing from the call may be cached."""
 
 
+class EncoderInputError(EncoderError):
+    """The backend refused one input (e.g. longer than the server's context): a client error, not an outage.
+
+    Services answer it with 4xx naming ``index`` (the position in the list given
+    to ``encode``), not with 503: retrying the same input cannot succeed.
+    """
+
+    def __init__(self, index: int, detail: str, status: int | None = None) -> None:
+        self.index = index
+        self.detail = detail
+        self.status = status
+        super().__init__(f"input {index} was refused by the encoder" + (f" ({status})" if status else "") + f": {detail}")
+
+
 @runtime_checkable
 class EncoderBackend(Protocol):
     """An async encoder: the embedder service and the trainer's embedded mode both use it."""

@@ -1,0 +1,88 @@
+"""Print the README's configuration tables from the services' settings classes.
+
+``python scripts/settings_table.py`` prints them; ``--check README.md`` exits
+non-zero when the README's copy (between the ``<!-- settings:begin -->`` and
+``<!-- settings:end -->`` markers) differs, which a unit test runs, so the
+README cannot drift from the code; ``--write README.md`` refreshes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from pydantic import AliasChoices
+from pydantic_settings import BaseSettings
+
+BEGIN, END = "<!-- settings:begin -->", "<!-- settings:end -->"
+
+
+def _classes() -> list[tuple[str, type[BaseSettings]]]:
+    from clm_embedder.settings import EmbedderSettings
+    from clm_serve.settings import ServeSettings
+    from clm_trainer.settings import TrainerSettings
+
+    return [("embedder", EmbedderSettings), ("trainer (API and workers)", TrainerSettings),
+            ("clm-serve", ServeSettings)]
+
+
+def _env_names(cls: type[BaseSettings], name: str, field) -> list[str]:
+    alias = field.validation_alias
+    if isinstance(alias, AliasChoices):
+        return [str(choice) for choice in alias.choices]
+    if isinstance(alias, str):
+        return [alias]
+    return [(cls.model_config.get("env_prefix", "") + name).upper()]
+
+
+def _default(field) -> str:
+    value = field.get_default(call_default_factory=True)
+    if hasattr(value, "get_secret_value"):
+        value = value.get_secret_value()
+    if value is None or value == "":
+        return "(empty)"
+    return f"`{value}`"
+
+
+def render() -> str:
+    out = []
+    for title, cls in _classes():
+        out += [f"**{title}**", "", "| variable | default | meaning |", "|---|---|---|"]
+        for name, field in cls.model_fields.items():
+            envs = " or ".join(f"`{e}`" for e in _env_names(cls, name, field))
+            out.append(f"| {envs} | {_default(field)} | {(field.description or '').replace('|', '/')} |")
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _section(text: str) -> tuple[int, int]:
+    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
+    return start, end
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--check", type=Path)
+    group.add_argument("--write", type=Path)
+    args = parser.parse_args()
+    table = "\n" + render()
+    if args.check or args.write:
+        path = args.check or args.write
+        text = path.read_text()
+        start, end = _section(text)
+        if args.write:
+            path.write_text(text[:start] + table + text[end:])
+            return 0
+        if text[start:end] != table:
+            print(f"{path}: the configuration tables are stale; run `python scripts/settings_table.py "
+                  f"--write {path}`", file=sys.stderr)
+            return 1
+        return 0
+    sys.stdout.write(render())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

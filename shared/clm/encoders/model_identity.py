@@ -1,0 +1,138 @@
+"""Name a model directory by content, so both backends derive the same fingerprint.
+
+The ``local`` and ``vllm`` backends must produce equal fingerprints for the same
+model folder (their vectors share cache keys), so both call
+:func:`fingerprint_for_model_dir` here rather than each hashing files its own way.
+
+Hashing a multi-gigabyte checkpoint takes a while, so the digest is remembered
+per (file name, size, mtime): in this process, and in a small JSON record under
+the user cache folder (``$CLM_CACHE_DIR`` or ``$XDG_CACHE_HOME/clm``), never
+inside the model folder, which may be read-only or belong to an installed wheel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import threading
+from pathlib import Path
+
+from clm.encoders.base import EncoderFingerprint, Pooling
+
+# The files whose bytes decide the vectors: weights, and the tokenizer/config
+# that turn text into the tokens the weights see.
+_WEIGHT_SUFFIXES = (".safetensors", ".bin")
+_TOKENIZER_AND_CONFIG = ("config.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt",
+                         "special_tokens_map.json", "merges.txt", "vocab.json")
+
+_memo: dict[tuple, str] = {}
+_memo_lock = threading.Lock()
+
+
+def _identity_files(model_dir: Path) -> list[Path]:
+    files = sorted(
+        p for p in model_dir.iterdir()
+        if p.is_file() and (p.suffix in _WEIGHT_SUFFIXES or p.name in _TOKENIZER_AND_CONFIG)
+    )
+    if not any(p.suffix in _WEIGHT_SUFFIXES for p in files):
+        raise FileNotFoundError(f"no weight files (*.safetensors, *.bin) in model folder {model_dir}")
+    return files
+
+
+def _signature(files: list[Path]) -> dict[str, list[int]]:
+    return {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in files}
+
+
+def _record_path(model_dir: Path) -> Path:
+    cache_root = os.environ.get("CLM_CACHE_DIR") or Path(
+        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "clm"
+    key = hashlib.sha256(str(model_dir).encode()).hexdigest()[:32]
+    return Path(cache_root) / "model-sha256" / f"{key}.json"
+
+
+def _read_record(model_dir: Path, signature: dict) -> str | None:
+    with contextlib.suppress(OSError, ValueError):
+        record = json.loads(_record_path(model_dir).read_text())
+        if record.get("files") == signature and isinstance(record.get("sha256"), str):
+            return record["sha256"]
+    return None
+
+
+def _write_record(model_dir: Path, signature: dict, digest: str) -> None:
+    """Best effort: if the cache folder is not writable, the only cost is hashing again next time."""
+    path = _record_path(model_dir)
+    payload = json.dumps({"model_dir": str(model_dir), "files": signature, "sha256": digest}, sort_keys=True)
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(payload)
+        os.replace(tmp, path)
+
+
+def _hash_files(files: list[Path]) -> str:
+    combined = hashlib.sha256()
+    for path in files:
+        digest = hashlib.sha256()
+        with open(path, "rb") as handle:
+            for chunk in iter(lambda: handle.read(4 << 20), b""):
+                digest.update(chunk)
+        combined.update(f"{path.name}\0{digest.hexdigest()}\n".encode())
+    return combined.hexdigest()
+
+
+def model_content_hash(model_dir: Path | str) -> str:
+    """``sha256:<hex>`` over the weight, tokenizer and config files of ``model_dir``."""
+    model_dir = Path(model_dir).resolve()
+    if not model_dir.is_dir():
+        raise FileNotFoundError(f"model folder {model_dir} does not exist")
+    files = _identity_files(model_dir)
+    signature = _signature(files)
+    memo_key = (str(model_dir), json.dumps(signature, sort_keys=True))
+    with _memo_lock:
+        if memo_key in _memo:
+            return _memo[memo_key]
+    digest = _read_record(model_dir, signature)
+    if digest is None:
+        digest = "sha256:" + _hash_files(files)
+        _write_record(model_dir, signature, digest)
+    with _memo_lock:
+        _memo[memo_key] = digest
+    return digest
+
+
+def model_hidden_size(model_dir: Path | str) -> int:
+    """The embedding width a model folder produces (``hidden_size`` in its config.json)."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    return int(config["hidden_size"])
+
+
+def fingerprint_for_model_dir(
+    model_dir: Path | str,
+    *,
+    pooling: Pooling,
+    normalize: bool,
+    dtype: str,
+    max_tokens: int,
+    template_version: str | None = None,
+    model_name: str | None = None,
+) -> EncoderFingerprint:
+    """The fingerprint of vectors computed from ``model_dir`` with these settings.
+
+    ``model_name`` is a human label (defaults to the folder name); the content
+    hash is what makes the identity exact, so moving a model folder keeps its cache.
+    ``template_version`` defaults to the text contract's current version.
+    """
+    if template_version is None:
+        from clm.texts import TEMPLATE_VERSION as template_version
+    model_dir = Path(model_dir).resolve()
+    return EncoderFingerprint(
+        model=model_name or model_dir.name,
+        weights=model_content_hash(model_dir),
+        pooling=pooling,
+        normalize=normalize,
+        dtype=dtype,
+        max_tokens=max_tokens,
+        template_version=template_version,
+    )

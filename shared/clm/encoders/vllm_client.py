@@ -1,0 +1,229 @@
+"""The ``vllm`` backend: HTTP to a vLLM pooling server's OpenAI-style ``/v1/embeddings``.
+
+What it adds over a bare POST:
+
+* requests are split by input count and a character budget (the client has no
+  tokenizer; vLLM packs sequences without padding, so characters track cost),
+  and a bounded number of them run concurrently, so one huge call neither
+  swamps the server nor serialises behind one request;
+* vectors travel as base64 little-endian float32 (3-10% faster than JSON floats,
+  bit-identical);
+* transient faults (connection refused or reset, timeouts, 5xx) are retried
+  with exponential backoff, then reported as :class:`EncoderError`, which the
+  embedder turns into 503; a 4xx is the input's fault and is reported as
+  :class:`EncoderInputError` naming the offending input.
+
+The fingerprint is derived from the model folder exactly as the local backend
+derives it, so vectors from either backend share cache keys.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+from clm.encoders.base import EncodeResult, EncoderError, EncoderFingerprint, EncoderInputError, Pooling
+from clm.encoders.batching import batch_by_budget
+from clm.encoders.model_identity import fingerprint_for_model_dir, model_hidden_size
+
+
+class _Refused(Exception):
+    """A 4xx answer to one batch (internal: located to one input, then raised as EncoderInputError)."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status, self.detail = status, detail
+
+
+def _is_transient(exc: BaseException) -> bool:
+    if isinstance(exc, httpx.HTTPStatusError):
+        return exc.response.status_code >= 500
+    return isinstance(exc, httpx.TransportError)  # connect/read errors, timeouts, dropped connections
+
+
+def _error_detail(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+        error = body.get("error", body) if isinstance(body, dict) else body
+        return str(error.get("message", error) if isinstance(error, dict) else error)
+    except ValueError:
+        return response.text[:500]
+
+
+class VLLMEncoder:
+    """An :class:`~clm.encoders.base.EncoderBackend` backed by a vLLM pooling server."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        fingerprint: EncoderFingerprint,
+        dim: int,
+        served_model: str | None = None,
+        max_batch_texts: int = 256,
+        max_batch_chars: int = 256_000,
+        max_concurrency: int = 4,
+        timeout_s: float = 120.0,
+        retry_attempts: int = 4,
+        retry_initial_s: float = 0.25,
+        retry_max_s: float = 4.0,
+        openai_strict: bool = False,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.fingerprint = fingerprint
+        self.dim = dim
+        self.served_model = served_model
+        self.max_batch_texts = max_batch_texts
+        self.max_batch_chars = max_batch_chars
+        # By default the request carries vLLM's own fields: truncate_prompt_tokens (vLLM cuts each
+        # input to fingerprint.max_tokens with the tokenizer's truncation, special tokens kept,
+        # exactly like the local backend) and an explicit little-endian payload. openai_strict
+        # sends only OpenAI's fields, for servers that refuse others (the embedder service,
+        # which truncates by itself); against vLLM a too-long input is then refused
+        # (EncoderInputError) instead of truncated.
+        self.openai_strict = openai_strict
+        self.retry_attempts = retry_attempts
+        self._wait = wait_exponential(multiplier=retry_initial_s, min=retry_initial_s, max=retry_max_s)
+        self._slots = asyncio.Semaphore(max_concurrency)
+        self._client = httpx.AsyncClient(
+            base_url=self.base_url,
+            timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 5.0)),
+            limits=httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency),
+        )
+
+    @classmethod
+    def for_model_dir(
+        cls,
+        base_url: str,
+        model_dir: Path | str,
+        *,
+        pooling: Pooling,
+        normalize: bool = True,
+        dtype: str = "float32",
+        max_tokens: int = 512,
+        template_version: str | None = None,
+        model_name: str | None = None,
+        **options: Any,
+    ) -> "VLLMEncoder":
+        """A client for a server that serves ``model_dir``; fingerprint and width come from that folder."""
+        fingerprint = fingerprint_for_model_dir(
+            model_dir, pooling=pooling, normalize=normalize, dtype=dtype, max_tokens=max_tokens,
+            template_version=template_version, model_name=model_name,
+        )
+        return cls(base_url, fingerprint=fingerprint, dim=model_hidden_size(model_dir), **options)
+
+    # ---- EncoderBackend -------------------------------------------------------------------
+
+    async def encode(self, texts: list[str]) -> EncodeResult:
+        texts = list(texts)
+        if not texts:
+            return EncodeResult(np.zeros((0, self.dim), dtype=np.float32), 0)
+        batches = batch_by_budget(
+            range(len(texts)), [len(t) for t in texts],
+            budget=self.max_batch_chars, max_items=self.max_batch_texts, padded=False,
+        )
+        vectors = np.empty((len(texts), self.dim), dtype=np.float32)
+        try:
+            # A TaskGroup cancels the sibling batches as soon as one fails for good.
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(self._encode_batch(texts, batch)) for batch in batches]
+        except BaseExceptionGroup as failures:
+            raise failures.exceptions[0] from None
+        prompt_tokens = 0
+        for batch, task in zip(batches, tasks):
+            batch_vectors, batch_tokens = task.result()
+            vectors[batch] = batch_vectors
+            prompt_tokens += batch_tokens
+        return EncodeResult(vectors=vectors, prompt_tokens=prompt_tokens)
+
+    async def health(self) -> bool:
+        try:
+            response = await self._client.get("/health", timeout=5.0)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    # ---- one batch ------------------------------------------------------------------------
+
+    async def _encode_batch(self, texts: list[str], batch: list[int]) -> tuple[np.ndarray, int]:
+        async with self._slots:
+            try:
+                return await self._post_with_retries([texts[i] for i in batch])
+            except _Refused as refused:
+                raise await self._locate_refused_input(texts, batch, refused) from None
+
+    async def _post_with_retries(self, inputs: list[str]) -> tuple[np.ndarray, int]:
+        try:
+            async for attempt in AsyncRetrying(
+                stop=stop_after_attempt(self.retry_attempts),
+                wait=self._wait,
+                retry=retry_if_exception(_is_transient),
+                reraise=True,
+            ):
+                with attempt:
+                    return await self._post_once(inputs)
+        except (httpx.HTTPStatusError, httpx.TransportError) as exc:
+            raise EncoderError(
+                f"vLLM at {self.base_url} failed {self.retry_attempts} attempts to embed "
+                f"{len(inputs)} inputs; last error: {type(exc).__name__}: {exc}"
+            ) from exc
+        raise AssertionError("unreachable: tenacity either returns or reraises")
+
+    async def _post_once(self, inputs: list[str]) -> tuple[np.ndarray, int]:
+        payload: dict[str, Any] = {"input": inputs, "encoding_format": "base64", "embed_dtype": "float32"}
+        if self.served_model:
+            payload["model"] = self.served_model
+        if not self.openai_strict:
+            payload["endianness"] = "little"
+            payload["truncate_prompt_tokens"] = self.fingerprint.max_tokens
+        response = await self._client.post("/v1/embeddings", json=payload)
+        if response.status_code >= 500:
+            response.raise_for_status()  # HTTPStatusError: transient, retried
+        if response.status_code >= 400:
+            raise _Refused(response.status_code, _error_detail(response))
+        return self._decode(response, len(inputs))
+
+    def _decode(self, response: httpx.Response, expected: int) -> tuple[np.ndarray, int]:
+        try:
+            body = response.json()
+            rows = sorted(body["data"], key=lambda item: item["index"])
+            vectors = np.stack([np.frombuffer(base64.b64decode(row["embedding"]), dtype="<f4") for row in rows])
+            prompt_tokens = int(body.get("usage", {}).get("prompt_tokens", 0))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise EncoderError(f"vLLM at {self.base_url} sent an unreadable embeddings response: {exc}") from exc
+        if vectors.shape != (expected, self.dim):
+            raise EncoderError(
+                f"vLLM at {self.base_url} returned {vectors.shape} vectors for {expected} inputs of width "
+                f"{self.dim}: is it serving the model named by this fingerprint ({self.fingerprint.model})?"
+            )
+        if self.fingerprint.normalize and not np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-3):
+            raise EncoderError(
+                f"vLLM at {self.base_url} returned vectors that are not L2-normalised; start it with "
+                f'--pooler-config \'{{"use_activation": true, ...}}\''
+            )
+        return vectors.astype(np.float32, copy=False), prompt_tokens
+
+    async def _locate_refused_input(self, texts: list[str], batch: list[int], refused: _Refused) -> EncoderInputError:
+        """Bisect a refused batch down to one input, so the error names which input is at fault."""
+        suspects, last = batch, refused
+        while len(suspects) > 1:
+            half = len(suspects) // 2
+            for part in (suspects[:half], suspects[half:]):
+                try:
+                    await self._post_with_retries([texts[i] for i in part])
+                except _Refused as exc:
+                    suspects, last = part, exc
+                    break
+            else:  # each half passes alone: only the combination was refused
+                return EncoderInputError(suspects[0], f"batch of {len(suspects)} inputs refused: {last.detail}",
+                                         last.status)
+        return EncoderInputError(suspects[0], last.detail, last.status)
