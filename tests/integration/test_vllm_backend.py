@@ -14,9 +14,8 @@ import pytest
 
 from clm.encoders.base import EncoderError, EncoderInputError
 from clm.encoders.local import LocalEncoder
-from clm.encoders.tiny_qwen3 import build_tiny_qwen3
 from clm.encoders.vllm_client import VLLMEncoder
-from clm.encoders.vllm_server import VLLMServer, VLLMServerConfig
+from clm.encoders.vllm_server import VLLMServer
 
 pytestmark = pytest.mark.vllm
 
@@ -29,22 +28,6 @@ WORDS = "alert user login failed from country DE BR firewall blocked port severi
 def varied_texts(count: int, seed: int = 0) -> list[str]:
     rng = np.random.default_rng(seed)
     return [" ".join(rng.choice(WORDS, size=int(rng.integers(1, 60)))) for _ in range(count)]
-
-
-@pytest.fixture(scope="session")
-def tiny_qwen3_dir() -> Path:
-    return build_tiny_qwen3(REPO_ROOT / "var" / "models" / "tiny-qwen3")
-
-
-@pytest.fixture(scope="session")
-def vllm_server(tiny_qwen3_dir, tmp_path_factory) -> VLLMServer:
-    server = VLLMServer(
-        VLLMServerConfig(tiny_qwen3_dir, pooling="last", max_model_len=MAX_TOKENS),
-        tmp_path_factory.mktemp("vllm") / "vllm.log",
-    )
-    server.start(timeout_s=300)
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="session")

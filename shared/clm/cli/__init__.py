@@ -12,7 +12,7 @@ import argparse
 import importlib
 import sys
 
-SUBCOMMAND_MODULES = ("clm.cli.records",)
+SUBCOMMAND_MODULES = ("clm.cli.records", "clm.cli.train")
 
 
 def build_parser() -> argparse.ArgumentParser:

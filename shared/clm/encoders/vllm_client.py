@@ -56,6 +56,10 @@ def _error_detail(response: httpx.Response) -> str:
         return response.text[:500]
 
 
+# Dtypes the client may ask for, as little-endian numpy dtypes (the payload is little-endian).
+_WIRE_DTYPES = {"float32": "<f4", "float16": "<f2"}
+
+
 class VLLMEncoder:
     """An :class:`~clm.encoders.base.EncoderBackend` backed by a vLLM pooling server."""
 
@@ -74,7 +78,11 @@ class VLLMEncoder:
         retry_initial_s: float = 0.25,
         retry_max_s: float = 4.0,
         openai_strict: bool = False,
+        embed_dtype: str = "float32",
     ) -> None:
+        if embed_dtype not in _WIRE_DTYPES:
+            raise ValueError(f"embed_dtype must be one of {sorted(_WIRE_DTYPES)}, got {embed_dtype!r}")
+        self.embed_dtype = embed_dtype
         self.base_url = base_url.rstrip("/")
         self.fingerprint = fingerprint
         self.dim = dim
@@ -179,7 +187,7 @@ class VLLMEncoder:
         raise AssertionError("unreachable: tenacity either returns or reraises")
 
     async def _post_once(self, inputs: list[str]) -> tuple[np.ndarray, int]:
-        payload: dict[str, Any] = {"input": inputs, "encoding_format": "base64", "embed_dtype": "float32"}
+        payload: dict[str, Any] = {"input": inputs, "encoding_format": "base64", "embed_dtype": self.embed_dtype}
         if self.served_model:
             payload["model"] = self.served_model
         if not self.openai_strict:
@@ -196,7 +204,7 @@ class VLLMEncoder:
         try:
             body = response.json()
             rows = sorted(body["data"], key=lambda item: item["index"])
-            vectors = np.stack([np.frombuffer(base64.b64decode(row["embedding"]), dtype="<f4") for row in rows])
+            vectors = np.stack([np.frombuffer(base64.b64decode(row["embedding"]), dtype=_WIRE_DTYPES[self.embed_dtype]) for row in rows])
             prompt_tokens = int(body.get("usage", {}).get("prompt_tokens", 0))
         except (ValueError, KeyError, TypeError) as exc:
             raise EncoderError(f"vLLM at {self.base_url} sent an unreadable embeddings response: {exc}") from exc
@@ -205,7 +213,8 @@ class VLLMEncoder:
                 f"vLLM at {self.base_url} returned {vectors.shape} vectors for {expected} inputs of width "
                 f"{self.dim}: is it serving the model named by this fingerprint ({self.fingerprint.model})?"
             )
-        if self.fingerprint.normalize and not np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-3):
+        tolerance = 1e-3 if self.embed_dtype == "float32" else 5e-3  # float16 rounds each component
+        if self.fingerprint.normalize and not np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=tolerance):
             raise EncoderError(
                 f"vLLM at {self.base_url} returned vectors that are not L2-normalised; start it with "
                 f'--pooler-config \'{{"use_activation": true, ...}}\''

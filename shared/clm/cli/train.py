@@ -1,0 +1,128 @@
+"""``clm train``: run the heads recipe in this process, or submit it to the trainer service.
+
+    clm train --config examples/decision/clm_soc_triage.yaml --loss.mode sft
+    clm train --config examples/decision/clm_soc_triage.yaml --mode eval --heads.init_checkpoint var/checkpoints/soc
+    clm train --config examples/decision/clm_soc_triage.yaml --submit http://trainer:8000 --token $TOKEN
+
+Any ``--section.key value`` argument overrides the YAML (values are YAML
+scalars). In-process runs need no service: the local encoder and the disk
+cache do everything. ``--submit`` validates the same config locally, then
+posts it to the jobs API and prints its events until the job ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+TOKEN_ENV = "CLM_TRAINER_API_TOKEN"
+EXIT_CONFIG = 2  # the config or data is wrong: fix the input
+EXIT_FAILED = 1  # the run (or the remote job) failed
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "train",
+        help="post-train (or evaluate) CLM heads from a recipe YAML",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,  # --m must not silently mean --mode: overrides are free-form
+    )
+    parser.add_argument("--config", required=True, help="recipe YAML (see examples/decision/)")
+    parser.add_argument("--mode", choices=("train", "eval"), help="shorthand for the 'mode' key")
+    parser.add_argument("--submit", metavar="URL", help="run on the trainer service at URL instead of here")
+    parser.add_argument("--token", help=f"bearer token for --submit (default: ${TOKEN_ENV})")
+    parser.add_argument("--resume-dir", help="make an in-process run resumable from its last finished epoch")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.set_defaults(func=run, accepts_overrides=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    from clm.recipes.config import ConfigError, load_config
+
+    overrides = list(getattr(args, "overrides", []) or [])
+    if args.mode is not None:
+        overrides += ["--mode", args.mode]
+    try:
+        config = load_config(args.config, overrides)
+    except ConfigError as error:
+        print(f"clm train: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    if args.submit:
+        return _submit(args, config.to_json_dict())
+    return _run_here(args, config)
+
+
+def _run_here(args: argparse.Namespace, config: Any) -> int:
+    from pathlib import Path
+
+    from clm.recipes.progress import TqdmProgress
+    from clm.recipes.train_clm_heads import INPUT_ERRORS, RUN_ERRORS, TrainCLMHeadsRecipe
+
+    progress = None if args.no_progress else TqdmProgress()
+    resume_dir = Path(args.resume_dir) if args.resume_dir else None
+    try:
+        result = TrainCLMHeadsRecipe(config, progress=progress, resume_dir=resume_dir).run_train_validation_loop()
+    except INPUT_ERRORS as error:  # bad config, data, checkpoint: the message says what to fix
+        print(f"clm train: {type(error).__name__}: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    except RUN_ERRORS as error:  # the cache, the encoder or a resume state failed
+        print(f"clm train: {type(error).__name__}: {error}", file=sys.stderr)
+        return EXIT_FAILED
+    finally:
+        if progress is not None:
+            progress.close()
+    _print_summary(result)
+    return 0
+
+
+def _print_summary(result: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"clm train ({result.mode}): overall metrics")
+    table.add_column("split")
+    table.add_column("metric")
+    table.add_column("before", justify="right")
+    if result.after is not None:
+        table.add_column("after", justify="right")
+    for split, metrics in result.before.items():
+        for name in ("accuracy", "nll", "brier", "ece", "expected_reward"):
+            row = [split, name, _fmt(metrics["overall"].get(name))]
+            if result.after is not None:
+                row.append(_fmt(result.after[split]["overall"].get(name)))
+            table.add_row(*row)
+    console = Console()
+    console.print(table)
+    console.print(f"texts embedded: {result.texts_embedded} of {result.texts_total}")
+    if result.checkpoint is not None:
+        console.print(f"published {result.checkpoint.name} {result.checkpoint.label}: {result.checkpoint.path}")
+    console.print(f"report: {result.report_path} (and report.html beside it)")
+
+
+def _fmt(value: Any) -> str:
+    return "–" if value is None else f"{value:.4f}"
+
+
+def _submit(args: argparse.Namespace, config: dict[str, Any]) -> int:
+    from clm.recipes.submit import TERMINAL_STATUSES, JobSubmitError, submit_and_follow
+
+    token = args.token or os.environ.get(TOKEN_ENV)
+
+    def show(event: dict[str, Any]) -> None:
+        print(json.dumps(event, sort_keys=True), flush=True)
+
+    try:
+        job = submit_and_follow(args.submit, config, token, show)
+    except JobSubmitError as error:
+        print(f"clm train: {error}", file=sys.stderr)
+        return EXIT_FAILED
+    status = job.get("status")
+    print(f"job {job.get('id')}: {status}" + (f": {job['error']}" if job.get("error") else ""))
+    if status not in TERMINAL_STATUSES:
+        print(f"clm train: the event stream ended while the job is still {status!r}", file=sys.stderr)
+        return EXIT_FAILED
+    return 0 if status == "succeeded" else EXIT_FAILED

@@ -1,0 +1,216 @@
+"""From records to head inputs: the texts to embed, table rows, and identified scores.
+
+The recipe embeds every text once (``collect_clm_texts``), then refers to
+texts only by their row in the ``EmbeddingTable``. ``EncodedRecord`` keeps
+each record's questions in model-output order with their state row, option
+rows and supervision, so every batch can be scored and then checked by
+``assemble_decision_batch`` against identities that came from the record
+itself, never from tensor positions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from clm.decision.batch import DecisionBatch, QuestionLogits, assemble_decision_batch
+from clm.decision.constants import IGNORE_INDEX
+from clm.decision.targets import DecisionTargets
+from clm.embedding_table import EmbeddingTable
+from clm.heads import CLMHeadPair
+from clm.records import QuestionTarget, Record
+from clm.texts import option_texts, state_texts
+
+
+@dataclass(frozen=True)
+class EncodedQuestion:
+    """One question of one record: its supervision and where its texts sit in the table."""
+
+    target: QuestionTarget
+    state_text: str
+    option_texts: tuple[str, ...]
+    state_row: int
+    option_rows: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class EncodedRecord:
+    record_id: str
+    weight: float
+    questions: tuple[EncodedQuestion, ...]
+
+
+@dataclass(frozen=True)
+class HeadInputs:
+    """Encoder embeddings of a batch, laid out for ``CLMHeadPair.forward``.
+
+    ``action_embeddings`` holds each distinct option text of the batch once;
+    ``option_index`` ``[Q, O]`` points into it (-1 = padding).
+    """
+
+    state_embeddings: torch.Tensor  # [Q, D]
+    action_embeddings: torch.Tensor  # [A, D]
+    option_index: torch.Tensor  # [Q, O] int64
+
+
+def record_texts(record: Record) -> tuple[dict[str, str], dict[str, tuple[str, ...]]]:
+    """State text and option texts of every question of ``record`` (ARCHITECTURE §3)."""
+    states = state_texts(record)
+    options = {question_id: option_texts(question) for question_id, question in record.questions.items()}
+    return states, options
+
+
+def collect_clm_texts(records: Iterable[Record]) -> list[str]:
+    """Every distinct state and option text of ``records``, sorted.
+
+    Sorted so the set has one canonical order: its hash names the cached table,
+    and the table's rows do not depend on file or split order.
+    """
+    texts: set[str] = set()
+    for record in records:
+        states, options = record_texts(record)
+        texts.update(states.values())
+        for question_options in options.values():
+            texts.update(question_options)
+    return sorted(texts)
+
+
+def encode_records(records: Sequence[Record], table: EmbeddingTable) -> list[EncodedRecord]:
+    """Attach table rows to every question; a text missing from the table is a KeyError naming it."""
+    encoded = []
+    for record in records:
+        states, options = record_texts(record)
+        questions = []
+        for target in record.decision_questions():
+            question_options = options[target.question_id]
+            questions.append(
+                EncodedQuestion(
+                    target=target,
+                    state_text=states[target.question_id],
+                    option_texts=question_options,
+                    state_row=table.row_of(states[target.question_id]),
+                    option_rows=tuple(int(row) for row in table.rows_of(question_options)),
+                )
+            )
+        encoded.append(EncodedRecord(record.id, float(record.weight), tuple(questions)))
+    return encoded
+
+
+def clm_batch(table: EmbeddingTable, records: Sequence[EncodedRecord], device: torch.device) -> HeadInputs:
+    """Gather encoder embeddings for a batch of records (each distinct option text once)."""
+    questions = [question for record in records for question in record.questions]
+    width = max(len(question.option_rows) for question in questions)
+    distinct_rows: dict[int, int] = {}
+    option_index = [
+        [distinct_rows.setdefault(row, len(distinct_rows)) for row in question.option_rows]
+        + [-1] * (width - len(question.option_rows))
+        for question in questions
+    ]
+    state_rows = [question.state_row for question in questions]
+    return HeadInputs(
+        state_embeddings=table.vectors(state_rows).to(device),
+        action_embeddings=table.vectors(list(distinct_rows)).to(device),
+        option_index=torch.tensor(option_index, dtype=torch.long, device=device),
+    )
+
+
+def build_targets(
+    records: Sequence[EncodedRecord],
+    question_weights: Mapping[str, float] | None,
+    device: torch.device,
+    reference_logprobs: Mapping[tuple[str, str], Sequence[float]] | None = None,
+) -> DecisionTargets:
+    """Supervision of a batch, in record order (``reference_logprobs`` keyed by (record, question))."""
+    reference = None
+    if reference_logprobs is not None:
+        reference = [
+            [reference_logprobs[(record.record_id, q.target.question_id)] for q in record.questions]
+            for record in records
+        ]
+    return DecisionTargets.from_questions(
+        [record.record_id for record in records],
+        [[question.target for question in record.questions] for record in records],
+        question_weights=question_weights,
+        reference_logprobs=reference,
+        device=device,
+        record_weights=[record.weight for record in records],
+    )
+
+
+def identified_logits(records: Sequence[EncodedRecord], logits: torch.Tensor) -> list[list[QuestionLogits]]:
+    """Cut padded ``[Q, O]`` head scores back into per-question scores carrying their identities."""
+    identified: list[list[QuestionLogits]] = []
+    row = 0
+    for record in records:
+        per_question = []
+        for question in record.questions:
+            count = len(question.option_rows)
+            per_question.append(
+                QuestionLogits(record.record_id, question.target.question_id, question.target.option_ids,
+                               logits[row, :count])
+            )
+            row += 1
+        identified.append(per_question)
+    return identified
+
+
+def forward_identified(
+    heads: CLMHeadPair, table: EmbeddingTable, records: Sequence[EncodedRecord], device: torch.device
+) -> list[list[QuestionLogits]]:
+    """Head scores of ``records``, per record and question in model-output order, with identities."""
+    inputs = clm_batch(table, records, device)
+    logits = heads(inputs.state_embeddings, inputs.action_embeddings, option_index=inputs.option_index)
+    return identified_logits(records, logits)
+
+
+def score_batch(
+    heads: CLMHeadPair,
+    table: EmbeddingTable,
+    records: Sequence[EncodedRecord],
+    targets: DecisionTargets,
+) -> DecisionBatch:
+    """Head scores of ``records``, validated against ``targets`` and padded once."""
+    return assemble_decision_batch(forward_identified(heads, table, records, targets.device), targets)
+
+
+@dataclass(frozen=True)
+class ContrastivePairs:
+    """(state, gold option) rows of a batch's labelled questions, for InfoNCE."""
+
+    state_rows: list[int]
+    action_rows: list[int]
+    group_ids: torch.Tensor  # [N] int64: rows sharing a state or an action text share a group
+
+
+def contrastive_pairs(records: Sequence[EncodedRecord]) -> ContrastivePairs:
+    """Pairs of every labelled question, grouped so duplicates are never treated as negatives.
+
+    Two rows with the same state text or the same gold option text are not
+    negatives of each other (the "negative" would be a positive). Groups are
+    the connected components of "shares a state or an action text", so the
+    rule holds transitively; that can only remove negatives, never add one.
+    """
+    state_rows: list[int] = []
+    action_rows: list[int] = []
+    for record in records:
+        for question in record.questions:
+            if question.target.label != IGNORE_INDEX:
+                state_rows.append(question.state_row)
+                action_rows.append(question.option_rows[question.target.label])
+    parent = list(range(len(state_rows)))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    first_with: dict[tuple[str, int], int] = {}
+    for i, (state_row, action_row) in enumerate(zip(state_rows, action_rows)):
+        for key in (("state", state_row), ("action", action_row)):
+            j = first_with.setdefault(key, i)
+            parent[find(i)] = find(j)
+    groups = torch.tensor([find(i) for i in range(len(state_rows))], dtype=torch.long)
+    return ContrastivePairs(state_rows, action_rows, groups)

@@ -1,0 +1,251 @@
+"""The recipe configuration: one pydantic model per YAML section, loaded with dotted overrides.
+
+Every section forbids unknown keys, so a typo (``train.lrr``) fails before any
+work starts, and every error names the full key path
+(``train.lr: Input should be greater than 0``). The same resolved config is
+what ``clm train --submit`` sends to the trainer service, so the service and
+the in-process run validate identically.
+
+Relative paths (data, cache, output) are resolved against the working
+directory of the process that runs the recipe.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from clm.decision.config import DecisionLossConfig
+from clm.decision.errors import DecisionLossConfigError
+from clm.heads import HeadConfig
+from clm.recipes.overrides import OverrideError, apply_overrides, parse_overrides
+
+RecipeMode = Literal["eval", "train"]
+LossMode = Literal["sft", "rl", "infonce"]
+
+# Validation metrics a run can select its best epoch by, and which way is better.
+EVAL_METRIC_DIRECTIONS: dict[str, Literal["min", "max"]] = {
+    "nll": "min",
+    "brier": "min",
+    "ece": "min",
+    "rps": "min",
+    "accuracy": "max",
+    "expected_reward": "max",
+    "argmax_reward": "max",
+}
+
+
+class ConfigError(ValueError):
+    """The recipe config cannot be used; the message lists every bad key path and why."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DataConfig(_Section):
+    """SystemOne record files (JSON lines). ``train`` is required in train mode only."""
+
+    train: Path | None = None
+    validation: Path
+    test: Path | None = None
+
+
+class EncoderConfig(_Section):
+    """Which frozen encoder embeds the texts, and how the trainer reaches it.
+
+    ``backend: local`` runs the model in-process (no services needed);
+    ``backend: embedder`` calls an OpenAI-compatible ``/v1/embeddings``
+    endpoint at ``embedder_url`` (our embedder service, or vLLM directly).
+    """
+
+    backend: Literal["local", "embedder"] = "local"
+    model: str = Field("minilm", min_length=1, description="model name or path; 'minilm' = the bundled all-MiniLM-L6-v2")
+    revision: str | None = None
+    pooling: Literal["last", "mean", "cls"] = "mean"
+    normalize: bool = True
+    dtype: str = "float32"
+    max_tokens: int = Field(256, gt=0)
+    device: str = "cpu"
+    embedder_url: str | None = None
+    api_token: str | None = Field(None, description="bearer token for the embedder; default env CLM_EMBEDDER_API_TOKEN")
+    batch_size: int = Field(64, gt=0, description="texts per encoder request")
+    concurrency: int = Field(4, gt=0, description="encoder requests in flight at once (embedder backend)")
+    timeout_s: float = Field(120.0, gt=0)
+
+    @model_validator(mode="after")
+    def _embedder_needs_url(self) -> "EncoderConfig":
+        if self.backend == "embedder" and not self.embedder_url:
+            raise ValueError("encoder.backend 'embedder' needs encoder.embedder_url (e.g. http://embedder:8000)")
+        return self
+
+
+class CacheConfig(_Section):
+    """Trainer-side caches: finished embedding tables, plus the LMDB vector tier of the local path."""
+
+    dir: Path = Path("var/cache/clm")
+    redis_url: str | None = Field(None, description="optional hot tier for the local backend")
+
+
+class HeadShape(HeadConfig):
+    """``HeadConfig`` whose ``encoder_dim`` may be left out: it is then taken from the encoder."""
+
+    encoder_dim: int | None = Field(None, gt=0)  # type: ignore[assignment]
+
+    def resolve(self, encoder_dim: int) -> HeadConfig:
+        if self.encoder_dim is not None and self.encoder_dim != encoder_dim:
+            raise ConfigError(
+                f"heads.config.encoder_dim is {self.encoder_dim}, but the encoder produces {encoder_dim}-d vectors"
+            )
+        return HeadConfig(**{**self.model_dump(), "encoder_dim": encoder_dim})
+
+
+class HeadsConfig(_Section):
+    """Shape of new heads, or the checkpoint to start from (its own config then wins)."""
+
+    config: HeadShape = Field(default_factory=HeadShape)
+    init_checkpoint: Path | None = Field(
+        None, description="heads.pt, a checkpoint folder, or a published name folder (its latest version)"
+    )
+    seed: int = Field(0, description="initialisation seed of new heads (no init_checkpoint)")
+
+
+class LossConfig(_Section):
+    """``mode`` picks the objective; the other keys are ``clm.decision.DecisionLossConfig`` fields.
+
+    ``infonce`` trains on (state, gold option) pairs with in-batch negatives,
+    so heads can be fitted from scratch before SFT; the decision-loss fields
+    are ignored there.
+    """
+
+    mode: LossMode = "sft"
+    label_smoothing: float = Field(0.0, ge=0.0, lt=1.0)
+    brier_weight: float = Field(0.0, ge=0.0)
+    ordinal_weight: float = Field(0.0, ge=0.0)
+    question_weights: dict[str, float] = Field(
+        default_factory=dict, description="per question id weight (missing ids weigh 1); sft and rl"
+    )
+    rl_objective: Literal["expected_reward", "grpo"] = "expected_reward"
+    num_samples: int = Field(8, ge=2)
+    sample_temperature: float = Field(1.0, gt=0.0)
+    normalize_advantages: bool = True
+    kl_coef: float = Field(0.0, ge=0.0)
+    anchor_weight: float = Field(0.0, ge=0.0)
+
+    def decision_loss_config(self) -> DecisionLossConfig:
+        """The objective of an sft/rl run (``question_weights`` go to the targets, not the loss)."""
+        if self.mode == "infonce":
+            raise ValueError("loss.mode 'infonce' does not use DecisionLoss")
+        fields = self.model_dump(exclude={"question_weights"})
+        return DecisionLossConfig(**fields)
+
+    @model_validator(mode="after")
+    def _decision_loss_accepts(self) -> "LossConfig":
+        # The fields above mirror DecisionLossConfig; constructing it here keeps
+        # any rule it adds later from surfacing only after the embedding phase.
+        if self.mode != "infonce":
+            try:
+                self.decision_loss_config()
+            except DecisionLossConfigError as error:
+                raise ValueError(str(error)) from None
+        return self
+
+
+class TrainConfig(_Section):
+    epochs: int = Field(10, gt=0)
+    batch_size: int = Field(64, gt=0, description="records per optimizer step")
+    eval_batch_size: int = Field(256, gt=0, description="records per scoring batch in evaluation")
+    lr: float = Field(1e-3, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float | None = Field(1.0, gt=0, description="clip the global gradient norm; null disables")
+    seed: int = 0
+    eval_metric: str = "nll"
+
+    @field_validator("eval_metric")
+    @classmethod
+    def _known_metric(cls, metric: str) -> str:
+        if metric not in EVAL_METRIC_DIRECTIONS:
+            raise ValueError(f"{metric!r} is not one of {sorted(EVAL_METRIC_DIRECTIONS)}")
+        return metric
+
+    @property
+    def higher_is_better(self) -> bool:
+        return EVAL_METRIC_DIRECTIONS[self.eval_metric] == "max"
+
+
+class OutputConfig(_Section):
+    checkpoint_root: Path = Path("var/checkpoints")
+    name: str = Field("clm-heads", min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    report_dir: Path = Path("var/reports/clm-heads")
+    publish: bool = Field(True, description="publish the best heads (train mode)")
+
+
+class RecipeConfig(_Section):
+    """The whole recipe: ``mode`` plus one section per concern."""
+
+    mode: RecipeMode = "train"
+    data: DataConfig
+    encoder: EncoderConfig = Field(default_factory=EncoderConfig)
+    cache: CacheConfig = Field(default_factory=CacheConfig)
+    heads: HeadsConfig = Field(default_factory=HeadsConfig)
+    loss: LossConfig = Field(default_factory=LossConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    output: OutputConfig = Field(default_factory=OutputConfig)
+    device: str = "cpu"
+
+    @model_validator(mode="after")
+    def _mode_requirements(self) -> "RecipeConfig":
+        if self.mode == "train" and self.data.train is None:
+            raise ValueError("mode 'train' needs data.train")
+        if self.mode == "eval" and self.heads.init_checkpoint is None:
+            raise ValueError("mode 'eval' scores heads.init_checkpoint; set it")
+        return self
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """Plain JSON values (paths as strings): what ``--submit`` sends and the report records."""
+        return self.model_dump(mode="json")
+
+
+def format_validation_error(error: ValidationError) -> str:
+    """``section.key: message`` per problem, the form users can map straight onto their YAML."""
+    lines = []
+    for problem in error.errors():
+        path = ".".join(str(part) for part in problem["loc"]) or "<config>"
+        message = problem["msg"].removeprefix("Value error, ")
+        lines.append(f"{path}: {message}")
+    return "\n".join(lines)
+
+
+def build_config(raw: dict[str, Any], overrides: list[tuple[str, Any]] | None = None) -> RecipeConfig:
+    """Validate a config mapping (after ``overrides``) or raise ``ConfigError`` naming each bad key."""
+    try:
+        merged = apply_overrides(raw, overrides or [])
+        return RecipeConfig.model_validate(merged)
+    except OverrideError as error:
+        raise ConfigError(str(error)) from None
+    except ValidationError as error:
+        raise ConfigError(f"invalid recipe config:\n{format_validation_error(error)}") from None
+
+
+def load_config(path: str | os.PathLike, override_args: list[str] | None = None) -> RecipeConfig:
+    """Read the YAML at ``path``, apply ``--a.b value`` overrides and validate."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise ConfigError(f"cannot read config {path}: {error.strerror or error}") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"config {path} is not valid YAML: {error}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config {path} must be a mapping of sections, got {type(raw).__name__}")
+    try:
+        overrides = parse_overrides(override_args or [])
+    except OverrideError as error:
+        raise ConfigError(str(error)) from None
+    return build_config(raw, overrides)

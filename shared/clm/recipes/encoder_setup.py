@@ -1,0 +1,76 @@
+"""Open the encoder a recipe config names: in-process (``local``) or the embedder service.
+
+The remote path never guesses the fingerprint: it asks the embedder
+(``GET /v1/encoder``), because the fingerprint keys the trainer's table cache
+and is written into the checkpoint, and only the server knows exactly which
+weights, pooling and template it runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+
+from clm.encoders.base import EncoderBackend, EncoderError, EncoderFingerprint
+from clm.encoders.factory import MODEL_ALIASES, resolve_model
+from clm.recipes.config import EncoderConfig
+
+
+def resolve_model_dir(model: str) -> tuple[Path, str]:
+    """(folder, display name) of ``model``: an alias, or a local transformers model folder."""
+    model_dir, name = resolve_model(model)
+    if model_dir is None:
+        raise EncoderError(
+            f"encoder.model {model!r} is neither a known alias ({', '.join(MODEL_ALIASES)}) nor a local "
+            "model folder with a config.json"
+        )
+    return model_dir, name
+
+
+def open_local_encoder(config: EncoderConfig) -> EncoderBackend:
+    from clm.encoders.local import LocalEncoder
+
+    model_dir, name = resolve_model_dir(config.model)
+    return LocalEncoder(
+        model_dir, pooling=config.pooling, normalize=config.normalize, dtype=config.dtype,
+        max_tokens=config.max_tokens, model_name=name, device=config.device,
+        max_batch_texts=config.batch_size,
+    )
+
+
+def fetch_remote_identity(url: str, timeout_s: float) -> tuple[EncoderFingerprint, int]:
+    """The (fingerprint, dim) an embedder reports at ``GET {url}/v1/encoder``."""
+    endpoint = f"{url.rstrip('/')}/v1/encoder"
+    try:
+        response = httpx.get(endpoint, timeout=timeout_s)
+        response.raise_for_status()
+        body = response.json()
+        fingerprint = EncoderFingerprint.from_dict(body["fingerprint"])
+        dim = int(body["dim"])
+    except httpx.HTTPError as error:
+        raise EncoderError(f"cannot ask the embedder at {endpoint} for its encoder: {error}") from error
+    except (ValueError, KeyError, TypeError) as error:
+        raise EncoderError(f"the embedder at {endpoint} sent an unreadable encoder description: {error}") from error
+    if body.get("digest") not in (None, fingerprint.digest):
+        raise EncoderError(f"the embedder at {endpoint} reports digest {body['digest']} for a fingerprint "
+                           f"whose digest is {fingerprint.digest}; refusing an inconsistent encoder")
+    return fingerprint, dim
+
+
+def open_remote_encoder(config: EncoderConfig) -> EncoderBackend:
+    from clm.encoders.vllm_client import VLLMEncoder
+
+    assert config.embedder_url is not None  # enforced by EncoderConfig
+    fingerprint, dim = fetch_remote_identity(config.embedder_url, config.timeout_s)
+    return VLLMEncoder(
+        config.embedder_url, fingerprint=fingerprint, dim=dim, max_batch_texts=config.batch_size,
+        max_concurrency=config.concurrency, timeout_s=config.timeout_s,
+        # Our embedder speaks plain OpenAI (it refuses vLLM-only fields) and truncates by itself;
+        # float16 halves the transfer and equals what its cache stores.
+        openai_strict=True, embed_dtype="float16",
+    )
+
+
+def open_encoder(config: EncoderConfig) -> EncoderBackend:
+    return open_local_encoder(config) if config.backend == "local" else open_remote_encoder(config)

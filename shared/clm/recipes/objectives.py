@@ -1,0 +1,69 @@
+"""The per-step objectives of the recipe: decision loss (sft / rl) and InfoNCE.
+
+Each objective maps (heads, a batch of encoded records) to a scalar loss and
+plain-float metrics, so the training loop does not care which one it runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from clm.decision.config import DecisionLossConfig
+from clm.decision.loss import group_masked_bidirectional_infonce
+from clm.embedding_table import EmbeddingTable
+from clm.heads import CLMHeadPair
+from clm.recipes.batches import EncodedRecord, build_targets, contrastive_pairs, score_batch
+
+ReferenceLogprobs = Mapping[tuple[str, str], Sequence[float]]
+
+
+class StepObjective(Protocol):
+    def __call__(self, heads: CLMHeadPair, records: Sequence[EncodedRecord]) -> tuple[torch.Tensor, dict[str, float]] | None:
+        """Loss and metrics of one batch, or None when the batch has nothing to learn from."""
+        ...
+
+
+@dataclass
+class DecisionObjective:
+    """SFT or RL through ``DecisionLoss``; RL's KL reference is fixed when the stage starts."""
+
+    config: DecisionLossConfig
+    table: EmbeddingTable
+    device: torch.device
+    question_weights: Mapping[str, float]
+    reference_logprobs: ReferenceLogprobs | None
+    generator: torch.Generator  # GRPO sampling; part of the resumable state
+
+    def __post_init__(self) -> None:
+        self._loss = self.config.build()
+
+    def __call__(self, heads: CLMHeadPair, records: Sequence[EncodedRecord]) -> tuple[torch.Tensor, dict[str, float]] | None:
+        targets = build_targets(records, self.question_weights, self.device, self.reference_logprobs)
+        if float(self._loss.normalization_weight(targets)) == 0.0:
+            return None  # no labelled (sft) or rewarded (rl) question in the batch
+        batch = score_batch(heads, self.table, records, targets)
+        loss, metrics = self._loss(batch.logits, batch.targets, generator=self.generator)
+        return loss, {name: float(value) for name, value in metrics.items()}
+
+
+@dataclass
+class InfoNCEObjective:
+    """Bidirectional InfoNCE on (state, gold option) pairs: trains heads from scratch, no options softmax."""
+
+    table: EmbeddingTable
+    device: torch.device
+
+    def __call__(self, heads: CLMHeadPair, records: Sequence[EncodedRecord]) -> tuple[torch.Tensor, dict[str, float]] | None:
+        pairs = contrastive_pairs(records)
+        if len(pairs.state_rows) < 2 or len(set(pairs.group_ids.tolist())) < 2:
+            return None  # a single group has no negatives: the loss would be constant
+        state_proj = heads.project_states(self.table.vectors(pairs.state_rows).to(self.device))
+        action_proj = heads.project_actions(self.table.vectors(pairs.action_rows).to(self.device))
+        loss = group_masked_bidirectional_infonce(
+            state_proj, action_proj, heads.logit_scale, group_ids=pairs.group_ids.to(self.device)
+        )
+        return loss, {"loss": float(loss.detach()), "pairs": float(len(pairs.state_rows))}

@@ -1,0 +1,72 @@
+"""The embedder in front of a REAL vLLM pooling server (the production shape, on CPU)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from clm.devstack import start_embedder
+from clm.encoders.local import LocalEncoder
+
+pytestmark = pytest.mark.vllm
+
+
+@pytest.fixture()
+def vllm_embedder(tmp_path, tiny_qwen3_dir, vllm_server, redis_url):
+    service = start_embedder(tmp_path / "logs", cache_dir=tmp_path / "cache", redis_url=redis_url,
+                             model=str(tiny_qwen3_dir), backend="vllm",
+                             extra_env={"CLM_EMBEDDER_VLLM_URL": vllm_server.base_url,
+                                        "CLM_EMBEDDER_POOLING": "last", "CLM_EMBEDDER_MAX_TOKENS": "512",
+                                        "CLM_EMBEDDER_VLLM_RETRIES": "2", "CLM_EMBEDDER_VLLM_TIMEOUT_S": "20"})
+    yield service
+    service.stop()
+
+
+def post(url: str, texts: list[str], timeout: float = 120) -> httpx.Response:
+    return httpx.post(f"{url}/v1/embeddings", json={"input": texts}, timeout=timeout)
+
+
+def test_vllm_backed_embedder_matches_the_local_encoder(vllm_embedder, tiny_qwen3_dir):
+    texts = [f"alert {i}: login failed from country {i % 7}" for i in range(50)]
+    response = post(vllm_embedder.url, texts)
+    assert response.status_code == 200, response.text
+    served = np.array([d["embedding"] for d in response.json()["data"]], dtype=np.float32)
+    encoder = LocalEncoder(tiny_qwen3_dir, pooling="last", max_tokens=512, device="cpu")
+    local = encoder.encode_blocking(texts)
+    cosines = np.sum(served * local.vectors, axis=1) / np.linalg.norm(served, axis=1)
+    # The cache stores float16 (documented); cosine stays far above the 0.9999 contract.
+    assert cosines.min() > 0.9999
+    identity = httpx.get(f"{vllm_embedder.url}/v1/encoder").json()
+    assert identity["digest"] == encoder.fingerprint.digest  # either backend fills the same cache keys
+
+
+def test_killing_vllm_mid_request_gives_503_caches_nothing_and_recovers(vllm_embedder, vllm_server):
+    texts = [f"unseen text {i} " + "padding words " * 40 for i in range(400)]
+    outcome: dict = {}
+
+    def request() -> None:
+        outcome["response"] = post(vllm_embedder.url, texts, timeout=300)
+
+    thread = threading.Thread(target=request)
+    thread.start()
+    time.sleep(0.5)  # the request is now inside vLLM
+    vllm_server.kill()
+    thread.join(timeout=300)
+    response = outcome["response"]
+    assert response.status_code == 503, response.text
+    assert "unavailable" in response.json()["error"]["message"]
+    assert response.headers.get("retry-after")
+    health = httpx.get(f"{vllm_embedder.url}/health")
+    assert health.status_code == 503 and health.json()["backend"] is False
+
+    vllm_server.restart(timeout_s=400)
+    again = post(vllm_embedder.url, texts)
+    assert again.status_code == 200
+    # Nothing of the failed request was cached: every text is a miss now.
+    assert again.headers["x-cache-misses"] == str(len(texts))
+    assert again.headers["x-cache-redis-hits"] == "0" and again.headers["x-cache-disk-hits"] == "0"

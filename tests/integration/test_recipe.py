@@ -1,0 +1,286 @@
+"""The heads recipe end to end on real files: a tiny Qwen3 encoder, synthetic SOC records, real caches.
+
+Every run embeds through the real local encoder into the real LMDB vector
+cache and the real table cache, trains real heads and publishes real
+checkpoints; nothing is mocked.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from clm.checkpoint import load_checkpoint
+from clm.cli import main as clm_main
+from clm.encoders.tiny_qwen3 import build_tiny_qwen3
+from clm.records import load_records
+from clm.recipes.batches import collect_clm_texts
+from clm.recipes.config import build_config
+from clm.recipes.embedding import EmbeddingCacheError
+from clm.recipes.train_clm_heads import TrainCLMHeadsRecipe
+from clm.synthetic import write_soc_triage_splits
+
+
+@pytest.fixture(scope="module")
+def tiny_encoder(tmp_path_factory) -> Path:
+    return build_tiny_qwen3(tmp_path_factory.mktemp("models") / "tiny-qwen3")
+
+
+@pytest.fixture(scope="module")
+def soc_data(tmp_path_factory) -> dict[str, Path]:
+    return write_soc_triage_splits(
+        tmp_path_factory.mktemp("data"), {"train": 48, "validation": 24, "test": 24, "extra": 12}, seed=11
+    )
+
+
+@pytest.fixture(scope="module")
+def warm_cache(tmp_path_factory) -> Path:
+    """One cache for the tests that do not count embeddings, so each text is embedded once per module."""
+    return tmp_path_factory.mktemp("warm-cache")
+
+
+@pytest.fixture()
+def base_config(tiny_encoder, soc_data, warm_cache, tmp_path) -> dict:
+    return {
+        "mode": "train",
+        "data": {"train": str(soc_data["train"]), "validation": str(soc_data["validation"]),
+                 "test": str(soc_data["test"])},
+        "encoder": {"backend": "local", "model": str(tiny_encoder), "pooling": "last", "max_tokens": 128},
+        "cache": {"dir": str(warm_cache)},
+        "heads": {"config": {"proj_dim": 32}, "seed": 3},
+        "loss": {"mode": "sft", "kl_coef": 0.1, "anchor_weight": 0.1},
+        "train": {"epochs": 2, "batch_size": 16, "lr": 0.01, "seed": 5},
+        "output": {"checkpoint_root": str(tmp_path / "checkpoints"), "name": "heads",
+                   "report_dir": str(tmp_path / "report")},
+    }
+
+
+def run(config: dict, overrides: dict | None = None, **recipe_kwargs):
+    cfg = build_config(config, list((overrides or {}).items()))
+    return TrainCLMHeadsRecipe(cfg, **recipe_kwargs).run_train_validation_loop()
+
+
+def state_bytes(checkpoint_path: Path) -> bytes:
+    state = load_checkpoint(checkpoint_path).state_dict
+    return b"".join(name.encode() + state[name].numpy().tobytes() for name in sorted(state))
+
+
+def test_infonce_then_sft_then_rl_chain_embeds_once_and_links_parents(base_config, tmp_path):
+    base_config["cache"]["dir"] = str(tmp_path / "cold-cache")
+    events = []
+    infonce = run(base_config, {"loss.mode": "infonce", "output.name": "stage-infonce"}, progress=events.append)
+    texts = collect_clm_texts(
+        record for split in ("train", "validation", "test") for record in load_records(base_config["data"][split])
+    )
+    assert infonce.texts_total == len(texts)
+    assert infonce.texts_embedded == len(texts)
+    assert {event.phase for event in events} == {"embedding", "training", "evaluating", "publishing"}
+    assert events[0].phase == "embedding"
+
+    sft = run(base_config, {"loss.mode": "sft", "output.name": "stage-sft",
+                            "heads.init_checkpoint": str(infonce.checkpoint.path.parent)})
+    rl = run(base_config, {"loss.mode": "rl", "output.name": "stage-rl", "train.eval_metric": "expected_reward",
+                           "heads.init_checkpoint": str(sft.checkpoint.path / "heads.pt")})
+    assert sft.texts_embedded == 0 and rl.texts_embedded == 0  # the table cache answered everything
+
+    infonce_ckpt, sft_ckpt, rl_ckpt = (load_checkpoint(r.checkpoint.path) for r in (infonce, sft, rl))
+    assert infonce_ckpt.parent is None
+    assert sft_ckpt.parent == infonce_ckpt.sha256
+    assert rl_ckpt.parent == sft_ckpt.sha256
+    assert rl_ckpt.metrics["loss_mode"] == "rl" and "validation" in rl_ckpt.metrics["after"]
+    # each stage starts where the previous one ended: its "before" is the parent's "after"
+    assert sft.before["validation"]["overall"] == pytest.approx(infonce.after["validation"]["overall"])
+
+    report = json.loads(rl.report_path.read_text())
+    assert report["embedding"]["texts_embedded"] == 0
+    assert set(report["before"]) == set(report["after"]) == {"validation", "test"}
+    assert {"overall", "by_type", "by_question"} <= set(report["after"]["test"])
+    assert len(report["training"]["history"]) == 2
+    report_dir = rl.report_path.parent
+    assert (report_dir / "report.html").read_text().count("<section>") == 2
+    for stage in ("before", "after"):
+        for split in ("validation", "test"):
+            assert (report_dir / f"reliability-{stage}-{split}.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_partly_new_text_set_embeds_only_the_new_texts(base_config, soc_data, tmp_path):
+    base_config["cache"]["dir"] = str(tmp_path / "cold-cache")
+    run(base_config, {"output.publish": False, "train.epochs": 1})
+    seen = set(collect_clm_texts(
+        record for split in ("train", "validation", "test") for record in load_records(soc_data[split])
+    ))
+    wider = run(base_config, {"output.publish": False, "train.epochs": 1, "data.test": str(soc_data["extra"])})
+    now = set(collect_clm_texts(
+        record for split in ("train", "validation", "extra") for record in load_records(soc_data[split])
+    ))
+    assert wider.texts_embedded == len(now - seen) > 0  # the LMDB vector cache held the rest
+
+
+def test_same_config_twice_gives_identical_weights(base_config):
+    first = run(base_config, {"loss.mode": "rl", "loss.rl_objective": "grpo", "train.eval_metric": "accuracy"})
+    second = run(base_config, {"loss.mode": "rl", "loss.rl_objective": "grpo", "train.eval_metric": "accuracy"})
+    assert (first.checkpoint.label, second.checkpoint.label) == ("v0001", "v0002")
+    assert state_bytes(first.checkpoint.path) == state_bytes(second.checkpoint.path)
+    assert first.history == second.history
+
+
+def test_an_interrupted_run_resumes_from_its_last_epoch_to_the_same_weights(base_config, tmp_path):
+    overrides = {"train.epochs": 3, "output.name": "resumed"}
+
+    class Preempted(Exception):
+        pass
+
+    def stop_after_first_epoch(report):
+        if report.epoch == 1:
+            raise Preempted
+
+    resume_dir = tmp_path / "resume"
+    with pytest.raises(Preempted):
+        run(base_config, overrides, resume_dir=resume_dir, on_epoch_end=stop_after_first_epoch)
+    epochs_seen = []
+    resumed = run(base_config, overrides, resume_dir=resume_dir, on_epoch_end=lambda r: epochs_seen.append(r.epoch))
+    assert epochs_seen == [2, 3]
+    straight = run(base_config, {**overrides, "output.name": "straight"})
+    assert state_bytes(resumed.checkpoint.path) == state_bytes(straight.checkpoint.path)
+    assert resumed.history == straight.history
+
+
+def test_unwritable_cache_stops_the_job_before_training(base_config, tmp_path):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the cache folder should be\n")
+    events = []
+    with pytest.raises(EmbeddingCacheError) as caught:
+        run(base_config, {"cache.dir": str(blocker / "cache")}, progress=events.append)
+    message = str(caught.value)
+    assert str(blocker / "cache") in message and "Nothing was trained" in message
+    assert not any(event.phase == "training" for event in events)
+    assert not Path(base_config["output"]["checkpoint_root"]).exists()
+
+
+def test_eval_mode_reports_the_before_numbers_and_publishes_nothing(base_config, tmp_path):
+    trained = run(base_config, {"train.epochs": 1})
+    evaluated = run(base_config, {"mode": "eval", "heads.init_checkpoint": str(trained.checkpoint.path),
+                                  "output.report_dir": str(tmp_path / "eval-report")})
+    assert evaluated.after is None and evaluated.checkpoint is None and evaluated.texts_embedded == 0
+    assert evaluated.before["validation"]["overall"] == pytest.approx(trained.after["validation"]["overall"])
+    report = json.loads(evaluated.report_path.read_text())
+    assert report["mode"] == "eval" and report["after"] is None
+    assert set(report["before"]) == {"validation", "test"}
+
+
+def test_heads_from_another_encoder_are_refused(base_config, tmp_path):
+    trained = run(base_config, {"train.epochs": 1})
+    with pytest.raises(ValueError, match="heads only work on their own encoder"):
+        run(base_config, {"encoder.max_tokens": 64, "heads.init_checkpoint": str(trained.checkpoint.path)})
+
+
+def test_evaluate_returns_identified_predictions(base_config):
+    cfg = build_config(base_config)
+    recipe = TrainCLMHeadsRecipe(cfg)
+    recipe.setup()
+    recipe._embed_all()
+    heads = recipe._initial_heads()
+    summary, predictions = recipe.evaluate(heads, recipe.encoded["validation"], batch_size=7)
+    records = load_records(base_config["data"]["validation"])
+    expected = [(r.id, q) for r in records for q in r.questions]
+    assert [(p["record_id"], p["question_id"]) for p in predictions] == expected
+    assert all(abs(sum(p["probs"]) - 1.0) < 1e-6 for p in predictions)
+    assert summary["overall"]["count"] == len(expected)
+    logits, targets = recipe._forward(heads, recipe.encoded["validation"][:3])
+    assert [[q.question_id for q in record] for record in logits] == [list(q) for q in targets.question_ids]
+    assert all(isinstance(q.values, torch.Tensor) for record in logits for q in record)
+
+
+def test_cli_runs_in_process_with_overrides(base_config, tmp_path, capsys):
+    config_path = tmp_path / "recipe.yaml"
+    config_path.write_text(json.dumps(base_config))  # JSON is YAML
+    code = clm_main(["train", "--config", str(config_path), "--no-progress", "--train.epochs", "1",
+                     "--output.name", "from-cli"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "published from-cli v0001" in out
+    assert (Path(base_config["output"]["checkpoint_root"]) / "from-cli" / "latest").is_file()
+
+
+def test_cli_reports_a_bad_override_with_its_key(base_config, tmp_path, capsys):
+    config_path = tmp_path / "recipe.yaml"
+    config_path.write_text(json.dumps(base_config))
+    assert clm_main(["train", "--config", str(config_path), "--train.lr", "0"]) == 2
+    assert "train.lr: Input should be greater than 0" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# Learning, measured: MiniLM on (a slice of) the bundled SOC-triage data.
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO_ROOT / "examples" / "decision" / "clm_soc_triage.yaml"
+
+
+def _head(source: Path, target: Path, lines: int) -> Path:
+    target.write_text("".join(source.read_text().splitlines(keepends=True)[:lines]))
+    return target
+
+
+@pytest.mark.slow
+def test_minilm_sft_from_infonce_heads_learns_and_rl_raises_reward(tmp_path):
+    """The example recipe, as a user runs it: InfoNCE from scratch, then SFT, then RL.
+
+    A slice (150 train, 60 validation records) keeps the MiniLM embedding under a minute on two cores.
+    """
+    from clm.recipes.config import load_config
+
+    bundled = REPO_ROOT / "examples" / "data" / "soc_triage"
+    common = [
+        "--data.train", str(_head(bundled / "train.jsonl", tmp_path / "train.jsonl", 150)),
+        "--data.validation", str(_head(bundled / "validation.jsonl", tmp_path / "validation.jsonl", 60)),
+        "--data.test", "null",
+        "--cache.dir", str(tmp_path / "cache"),
+        "--output.checkpoint_root", str(tmp_path / "checkpoints"),
+    ]
+    stages = {}
+    for stage, extra in (
+        ("infonce", ["--train.epochs", "3"]),
+        ("sft", ["--train.epochs", "6", "--heads.init_checkpoint", str(tmp_path / "checkpoints" / "soc-infonce")]),
+        ("rl", ["--train.epochs", "4", "--train.eval_metric", "expected_reward",
+                "--heads.init_checkpoint", str(tmp_path / "checkpoints" / "soc-sft")]),
+    ):
+        cfg = load_config(EXAMPLE, [*common, *extra, "--loss.mode", stage, "--output.name", f"soc-{stage}",
+                                    "--output.report_dir", str(tmp_path / f"report-{stage}")])
+        stages[stage] = TrainCLMHeadsRecipe(cfg).run_train_validation_loop()
+
+    assert stages["infonce"].texts_embedded == stages["infonce"].texts_total
+    assert stages["sft"].texts_embedded == stages["rl"].texts_embedded == 0
+    sft_before, sft_after = (m["validation"]["overall"] for m in (stages["sft"].before, stages["sft"].after))
+    assert sft_after["accuracy"] > sft_before["accuracy"]
+    assert sft_after["nll"] < sft_before["nll"]
+    rl_before, rl_after = (m["validation"]["overall"] for m in (stages["rl"].before, stages["rl"].after))
+    assert rl_after["expected_reward"] > rl_before["expected_reward"] + 0.05
+
+
+def test_remote_embedding_through_the_embedder_service_matches_local(base_config, tiny_encoder, tmp_path):
+    """backend: embedder (what trainer workers use): vectors over HTTP, same fingerprint, same heads."""
+    from clm.devstack import start_embedder
+
+    embedder = start_embedder(tmp_path / "logs", cache_dir=tmp_path / "embedder-cache", model=str(tiny_encoder),
+                              extra_env={"CLM_EMBEDDER_POOLING": "last", "CLM_EMBEDDER_MAX_TOKENS": "128"})
+    try:
+        remote_config = json.loads(json.dumps(base_config))
+        remote_config["encoder"] = {"backend": "embedder", "embedder_url": embedder.url}
+        remote_config["cache"]["dir"] = str(tmp_path / "remote-cache")
+        remote_config["output"]["name"] = "remote"
+        remote = run(remote_config)
+        assert remote.texts_embedded == remote.texts_total > 0
+        assert run(remote_config).texts_embedded == 0  # the trainer's table cache answers the rerun
+    finally:
+        embedder.stop()
+    local_config = json.loads(json.dumps(base_config))
+    local_config["cache"]["dir"] = str(tmp_path / "local-cache")
+    local = run(local_config)
+    remote_ckpt, local_ckpt = load_checkpoint(remote.checkpoint.path), load_checkpoint(local.checkpoint.path)
+    assert remote_ckpt.encoder == local_ckpt.encoder  # one fingerprint whichever way the vectors came
+    # float16 transfer vs float32 in-process: the trained heads agree closely, not bit for bit.
+    for name, tensor in local_ckpt.state_dict.items():
+        torch.testing.assert_close(remote_ckpt.state_dict[name], tensor, atol=5e-2, rtol=5e-2)
