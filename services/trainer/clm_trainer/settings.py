@@ -1,10 +1,14 @@
-"""Trainer configuration (API and workers): environment variables with prefix ``CLM_TRAINER_``."""
+"""Trainer configuration (API and workers): environment variables with prefix ``CLM_TRAINER_``.
+
+The API and the workers read the same settings, so both agree on the Redis
+key prefix, the path roots a job may touch, and the lease timings.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -14,12 +18,43 @@ class TrainerSettings(BaseSettings):
     host: str = Field("127.0.0.1", description="Interface the jobs API listens on.")
     port: int = Field(8002, description="TCP port of the jobs API.")
     redis_url: str = Field("redis://127.0.0.1:6379/1", description="Job queue, job objects and events.")
+    redis_prefix: str = Field("clm:trainer", min_length=1, description="Prefix of every Redis key the trainer owns.")
+    redis_timeout_s: float = Field(3.0, gt=0, description="Socket timeout of Redis calls: a dead Redis fails fast, never hangs.")
     api_token: SecretStr = Field(SecretStr(""), description="Bearer token required on mutating routes; empty disables auth.")
     embedder_url: str = Field("http://127.0.0.1:8001", description="Embedder service the workers request vectors from.")
     data_root: Path = Field(Path("examples"), description="Job data paths must resolve inside this folder.")
+    model_root: Path = Field(Path("var/models"), description="A local encoder model folder named by a job must resolve inside this folder.")
     checkpoint_root: Path = Field(Path("var/checkpoints"), description="Published heads: <root>/<name>/vNNNN and latest.")
     work_root: Path = Field(Path("var/trainer"), description="Reports, epoch checkpoints for resume, embedding tables.")
+    cache_dir: Path | None = Field(None, description="Embedding-table cache shared by all jobs (default: <work_root>/cache).")
     lease_seconds: float = Field(30.0, gt=0, description="A job whose worker misses heartbeats this long goes back to the queue.")
     heartbeat_seconds: float = Field(5.0, gt=0, description="How often a worker renews its lease.")
+    cancel_poll_seconds: float = Field(1.0, gt=0, description="How often a running job checks for a cancel request.")
+    poll_seconds: float = Field(0.5, gt=0, description="How often an idle worker looks for a queued job.")
+    progress_interval_s: float = Field(1.0, ge=0, description="Minimum seconds between two progress events of a job (phase changes always go out).")
+    max_events: int = Field(2000, ge=10, description="Events kept per job (older ones are trimmed).")
+    idempotency_ttl_s: int = Field(86_400, ge=60, description="How long an Idempotency-Key maps to its job.")
     max_body_bytes: int = Field(1_000_000, ge=1024, description="Larger request bodies get 413.")
     max_attempts: int = Field(3, ge=1, description="A job that lost its worker this many times fails.")
+    list_limit_max: int = Field(500, ge=1, description="Largest `limit` GET /jobs accepts.")
+    worker_id: str = Field("", description="Name of this worker in job objects (default: <hostname>-<pid>).")
+
+    @model_validator(mode="after")
+    def _lease_outlives_heartbeats(self) -> "TrainerSettings":
+        # A lease shorter than two heartbeats expires under a healthy worker: jobs would run twice.
+        if self.lease_seconds < 2 * min(self.heartbeat_seconds, self.cancel_poll_seconds):
+            raise ValueError(f"lease_seconds ({self.lease_seconds}) must be at least twice the heartbeat interval "
+                             f"({min(self.heartbeat_seconds, self.cancel_poll_seconds)}s)")
+        return self
+
+    @property
+    def effective_cache_dir(self) -> Path:
+        return self.cache_dir if self.cache_dir is not None else self.work_root / "cache"
+
+
+def redact_url(url: str) -> str:
+    """A URL without its password, for logs and error messages (``redis://:secret@host`` -> ``redis://***@host``)."""
+    if "@" not in url:
+        return url
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://***@{rest.rpartition('@')[2]}"

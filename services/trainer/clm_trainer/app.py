@@ -1,0 +1,60 @@
+"""The jobs API application: settings, Redis job store, error shapes, body limit, routes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import asynccontextmanager
+
+import redis.exceptions
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from clm_http.errors import APIError, error_response, install_error_handlers
+from clm_http.limits import BodySizeLimitMiddleware
+
+from .metrics import TrainerMetrics
+from .routes import router
+from .settings import TrainerSettings, redact_url
+from .store import JobStore
+
+logger = logging.getLogger(__name__)
+
+
+def create_app(settings: TrainerSettings | None = None) -> FastAPI:
+    settings = settings or TrainerSettings()
+    redis_where = redact_url(settings.redis_url)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        app.state.store = JobStore.connect(settings)
+        try:
+            yield
+        finally:
+            await app.state.store.close()
+
+    app = FastAPI(title="clm-trainer", version="1", lifespan=lifespan,
+                  description="Jobs API: post-train CLM heads on SystemOne records with Redis-backed workers.")
+    app.state.settings = settings
+    app.state.metrics = TrainerMetrics.create()
+
+    async def check_redis() -> None:
+        """Ping with a hard deadline: a Redis that accepts connections but never answers must not hang us."""
+        try:
+            await asyncio.wait_for(app.state.store.ping(), timeout=settings.redis_timeout_s)
+        except (redis.exceptions.RedisError, OSError, asyncio.TimeoutError) as error:
+            raise APIError(503, f"job store unavailable: Redis at {redis_where} did not answer "
+                           f"({type(error).__name__}: {error or 'timeout'})") from None
+
+    app.state.check_redis = check_redis
+    install_error_handlers(app)
+
+    @app.exception_handler(redis.exceptions.RedisError)
+    async def _redis_down(request: Request, error: redis.exceptions.RedisError) -> JSONResponse:
+        logger.warning("Redis error on %s %s: %s", request.method, request.url.path, error)
+        return error_response(503, f"job store unavailable: Redis at {redis_where} failed "
+                              f"({type(error).__name__}: {error}); retry shortly", headers={"Retry-After": "1"})
+
+    app.include_router(router)
+    app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    return app

@@ -1,0 +1,37 @@
+"""Prometheus metrics of the jobs API (one registry per app, so tests can build several).
+
+Queue depth and running jobs are read from Redis at scrape time: they are
+shared by every API replica and worker, so a per-process counter would lie.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+
+@dataclass
+class TrainerMetrics:
+    registry: CollectorRegistry
+    submitted: Counter
+    rejected: Counter
+    cancels: Counter
+    queued: Gauge
+    running: Gauge
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry | None = None) -> "TrainerMetrics":
+        registry = registry or CollectorRegistry()
+        return cls(
+            registry=registry,
+            submitted=Counter("trainer_jobs_submitted", "Jobs accepted by POST /jobs (idempotent replays: "
+                              "replayed=true).", ["replayed"], registry=registry),
+            rejected=Counter("trainer_jobs_rejected", "Submissions refused, by reason.", ["reason"],
+                             registry=registry),
+            cancels=Counter("trainer_cancel_requests", "POST /jobs/{id}/cancel by outcome.", ["outcome"],
+                            registry=registry),
+            queued=Gauge("trainer_queue_depth", "Jobs waiting in the queue (at scrape time).", registry=registry),
+            running=Gauge("trainer_running_jobs", "Jobs holding a worker lease (at scrape time).",
+                          registry=registry),
+        )

@@ -1,0 +1,88 @@
+"""Turn the runner's progress callbacks into job counters and (throttled) job events.
+
+A training step can take well under a millisecond on small heads, so writing
+Redis on every step would cost more than the step; counters are written at
+most every ``progress_interval_s`` (and at once on a phase change or the end
+of a phase), while epoch ends and resumes always become events. A Redis
+hiccup here never kills a training run: the write is dropped and logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any, Callable
+
+import redis
+
+from .queue import Claim, JobQueue
+
+logger = logging.getLogger(__name__)
+
+
+def finite(value: Any) -> Any:
+    """JSON-safe copy: NaN and infinities become null (JSON has no spelling for them)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+class ProgressReporter:
+    """The ``progress`` callback a worker hands to ``run_job``; ``on_lost`` fires when the lease is gone."""
+
+    def __init__(self, queue: JobQueue, claim: Claim, *, epochs: int | None, interval_s: float,
+                 on_lost: Callable[[], None]) -> None:
+        self.queue = queue
+        self.claim = claim
+        self.interval_s = interval_s
+        self.on_lost = on_lost
+        self.phase = ""
+        self.counters: dict[str, Any] = {} if epochs is None else {"epochs": epochs}
+        self._last_write = 0.0
+
+    def __call__(self, item: dict[str, Any]) -> None:
+        kind = item.get("type")
+        if kind == "progress":
+            self._progress(item)
+        elif kind == "epoch":
+            self.counters.update(epoch=item["epoch"], best_epoch=item["epoch"] if item["is_best"]
+                                 else self.counters.get("best_epoch"))
+            self._write({"type": "epoch", "phase": self.phase, **{k: v for k, v in item.items() if k != "type"}})
+        elif kind == "resumed":
+            self.counters["resumed_from_epoch"] = item["from_epoch"]
+            self._write({"type": "resumed", **{k: v for k, v in item.items() if k != "type"}})
+
+    def _progress(self, item: dict[str, Any]) -> None:
+        phase, done, total = item["phase"], int(item["done"]), int(item["total"])
+        counters = item.get("counters") or {}
+        if phase == "embedding":
+            self.counters.update(texts_done=done, texts_total=total,
+                                 texts_embedded=counters.get("texts_embedded", self.counters.get("texts_embedded")))
+        elif phase == "training":
+            self.counters.update(step=done, steps_total=total)
+            self.counters.update({k: counters[k] for k in ("epoch", "loss") if k in counters})
+        elif phase == "evaluating" and item.get("message"):
+            self.counters["evaluating"] = item["message"]
+        changed = phase != self.phase
+        self.phase = phase
+        phase_end = total > 0 and done >= total
+        due = time.monotonic() - self._last_write >= self.interval_s
+        if changed or phase_end or due:
+            event = {"type": "progress", "phase": phase, "done": done, "total": total,
+                     "message": item.get("message") or "", "counters": counters}
+            self._write(event)
+
+    def _write(self, event: dict[str, Any]) -> None:
+        self._last_write = time.monotonic()
+        try:
+            owned = self.queue.progress(self.claim, self.phase, finite(self.counters), finite(event))
+        except redis.RedisError as error:
+            logger.warning("job %s: progress not recorded (Redis: %s); training continues", self.claim.job_id, error)
+            return
+        if not owned:
+            self.on_lost()

@@ -1,0 +1,238 @@
+"""A trainer worker process: claim a job, run it with a live lease, finish it exactly once.
+
+Failure behaviour, by design:
+
+* **SIGKILL / crash / power loss**: heartbeats stop; after ``lease_seconds``
+  another worker reaps the job and runs it again. The new run resumes after
+  the last finished epoch (``<work_root>/<job id>/resume``) and, if the crash
+  hit after publishing, finds the published version instead of making a new
+  one (``runner``). After ``max_attempts`` lost workers the job fails.
+* **SIGTERM / Ctrl-C**: the running job stops at its next step and is
+  released to the front of the queue at once (not counted as a lost attempt).
+* **Cancel**: the lease monitor sees the request within
+  ``cancel_poll_seconds``; the run stops at its next step and ends ``cancelled``.
+* **Zombie** (paused past its lease, then resumed): its fenced writes are
+  refused; it notices on its next heartbeat and abandons the run.
+* **Redis outage**: the worker keeps training and retries its writes; the
+  finish is retried until Redis is back (or the lease is known lost).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from clm.checkpoint import CheckpointError
+from clm.encoders.base import EncoderError
+from clm.recipes.config import ConfigError
+from clm.recipes.embedding import EmbeddingCacheError
+from clm.recipes.loop import ResumeError
+from clm.records.errors import RecordError
+
+from .job_config import JobConfigError, prepare_config
+from .queue import Claim, JobQueue
+from .reporting import ProgressReporter, finite
+from .runner import JobCancelled, run_job
+from .settings import TrainerSettings, redact_url
+
+logger = logging.getLogger(__name__)
+
+MAX_ERROR_CHARS = 4000
+
+# Known failures of a job (not of the worker) and the stable code each gets.
+ERROR_CODES: tuple[tuple[type[BaseException], str], ...] = (
+    (JobConfigError, "invalid_config"),
+    (ConfigError, "invalid_config"),
+    (RecordError, "invalid_records"),
+    (EncoderError, "encoder_error"),
+    (ResumeError, "resume_error"),
+    (CheckpointError, "checkpoint_error"),
+    (EmbeddingCacheError, "cache_error"),
+    (OSError, "io_error"),
+)
+
+
+def classify(error: BaseException) -> dict[str, str]:
+    """The job's ``error`` object for an exception: a stable code and the loader's own message."""
+    for kind, code in ERROR_CODES:
+        if isinstance(error, kind):
+            message = getattr(error, "message", None) or str(error) or type(error).__name__
+            return {"code": code, "message": message[:MAX_ERROR_CHARS]}
+    return {"code": "internal_error", "message": f"{type(error).__name__}: {error}"[:MAX_ERROR_CHARS]}
+
+
+class LeaseMonitor(threading.Thread):
+    """Renews the lease and polls for a cancel request while a job runs (one per running job).
+
+    One heartbeat call does both, every ``min(heartbeat_seconds, cancel_poll_seconds)``: it is a single
+    cheap Lua call, and renewing more often than required only makes the lease safer.
+    """
+
+    def __init__(self, queue: JobQueue, claim: Claim, settings: TrainerSettings, stopping: threading.Event) -> None:
+        super().__init__(name=f"lease-{claim.job_id}", daemon=True)
+        self.queue, self.claim, self.settings, self.stopping = queue, claim, settings, stopping
+        self.lost = threading.Event()
+        self.cancel_requested = threading.Event()
+        self.closed = threading.Event()
+        self._interval = min(settings.heartbeat_seconds, settings.cancel_poll_seconds)
+
+    def should_stop(self) -> bool:
+        return self.lost.is_set() or self.cancel_requested.is_set() or self.stopping.is_set()
+
+    def mark_lost(self) -> None:
+        if not self.lost.is_set():
+            logger.warning("job %s: lease lost (requeued or taken by another worker); abandoning this run",
+                           self.claim.job_id)
+        self.lost.set()
+
+    def run(self) -> None:
+        while not self.closed.wait(self._interval):
+            try:
+                state = self.queue.heartbeat(self.claim)
+            except redis.RedisError as error:
+                logger.warning("job %s: heartbeat failed (Redis: %s); retrying", self.claim.job_id, error)
+                continue
+            if state == 0:
+                self.mark_lost()
+                return
+            if state == 2:
+                self.cancel_requested.set()
+
+    def close(self) -> None:
+        self.closed.set()
+        self.join(timeout=5)
+
+
+class Worker:
+    def __init__(self, settings: TrainerSettings, queue: JobQueue | None = None) -> None:
+        self.settings = settings
+        self.queue = queue or JobQueue.connect(settings)
+        self.worker_id = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.stopping = threading.Event()
+        self._next_reap = 0.0
+
+    def install_signal_handlers(self) -> None:
+        def stop(signum: int, _frame: Any) -> None:
+            logger.info("worker %s: %s received; finishing the current step and releasing its job",
+                        self.worker_id, signal.Signals(signum).name)
+            self.stopping.set()
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+
+    def _reap_if_due(self) -> None:
+        if time.monotonic() < self._next_reap:
+            return
+        self._next_reap = time.monotonic() + max(self.settings.lease_seconds / 4, 0.2)
+        for job_id, outcome in self.queue.reap():
+            logger.warning("job %s: its worker's lease expired -> %s", job_id, outcome)
+
+    def run_forever(self) -> None:
+        logger.info("worker %s: polling %s (prefix %s)", self.worker_id, redact_url(self.settings.redis_url),
+                    self.settings.redis_prefix)
+        backoff = 0.0
+        while not self.stopping.is_set():
+            try:
+                self._reap_if_due()
+                claim = self.queue.claim(self.worker_id)
+                backoff = 0.0
+            except redis.RedisError as error:
+                backoff = min(max(backoff * 2, 0.5), 10.0)
+                logger.warning("worker %s: Redis unavailable (%s); retrying in %.1fs", self.worker_id, error, backoff)
+                self.stopping.wait(backoff)
+                continue
+            if claim is None:
+                self.stopping.wait(self.settings.poll_seconds)
+                continue
+            self.run_claim(claim)
+        logger.info("worker %s: stopped", self.worker_id)
+
+    def run_claim(self, claim: Claim) -> None:
+        """Run one claimed job to its end (or hand it back); never raises for a job's own failure."""
+        logger.info("job %s: claimed (attempt %d, token %s)", claim.job_id, claim.attempt, claim.token)
+        monitor = LeaseMonitor(self.queue, claim, self.settings, self.stopping)
+        monitor.start()
+        reaper = threading.Thread(target=self._reap_while, args=(monitor,), daemon=True)
+        reaper.start()
+        try:
+            outcome = self._execute(claim, monitor)
+            if outcome is None:
+                return
+            status, error, result = outcome
+            self._finish(claim, monitor, status, error, result)
+        finally:
+            monitor.close()
+            reaper.join(timeout=5)
+
+    def _reap_while(self, monitor: LeaseMonitor) -> None:
+        """A busy worker still reaps, so a dead peer's job does not wait for an idle worker to notice."""
+        while monitor.is_alive() and not monitor.closed.wait(max(self.settings.lease_seconds / 4, 0.2)):
+            try:
+                self._reap_if_due()
+            except redis.RedisError:
+                pass
+
+    def _execute(self, claim: Claim, monitor: LeaseMonitor) -> tuple[str, dict | None, dict | None] | None:
+        work_dir = self.settings.work_root.resolve() / claim.job_id
+        try:
+            stored = self._retry(lambda: self.queue.config(claim.job_id), monitor)
+            config = prepare_config(stored, self.settings, claim.job_id)
+            epochs = config["train"]["epochs"] if config.get("mode") == "train" else None
+            reporter = ProgressReporter(self.queue, claim, epochs=epochs,
+                                        interval_s=self.settings.progress_interval_s, on_lost=monitor.mark_lost)
+            result = run_job(config, job_id=claim.job_id, work_dir=work_dir, progress=reporter,
+                             should_cancel=monitor.should_stop)
+            return "succeeded", None, finite(result)
+        except JobCancelled:
+            if monitor.lost.is_set():
+                return None
+            if monitor.cancel_requested.is_set():
+                return "cancelled", None, None
+            self._retry(lambda: self.queue.release(claim), monitor)
+            logger.info("job %s: released to the queue (worker stopping)", claim.job_id)
+            return None
+        except Exception as error:  # a job's failure: recorded on the job, the worker carries on
+            if monitor.lost.is_set():
+                return None
+            logger.error("job %s failed:\n%s", claim.job_id, traceback.format_exc())
+            return "failed", classify(error), None
+
+    def _finish(self, claim: Claim, monitor: LeaseMonitor, status: str, error: dict | None,
+                result: dict | None) -> None:
+        message = {"cancelled": "cancelled at the user's request"}.get(status, "")
+        owned = self._retry(lambda: self.queue.finish(claim, status, error=error, result=result, message=message),
+                            monitor)
+        if owned:
+            logger.info("job %s: %s", claim.job_id, status)
+        else:
+            logger.warning("job %s: finished as %s, but the lease was lost meanwhile; the result is dropped "
+                           "(the job's current owner finishes it)", claim.job_id, status)
+
+    def _retry(self, call, monitor: LeaseMonitor):
+        """Run a Redis call until it succeeds (Redis restarting); None once the lease is known lost."""
+        delay = 0.2
+        while True:
+            try:
+                return call()
+            except redis.RedisError as error:
+                if monitor.lost.is_set():
+                    return None
+                logger.warning("Redis call failed (%s); retrying in %.1fs", error, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+
+def run_worker(settings: TrainerSettings) -> None:
+    Path(settings.work_root).mkdir(parents=True, exist_ok=True)
+    worker = Worker(settings)
+    worker.install_signal_handlers()
+    worker.run_forever()

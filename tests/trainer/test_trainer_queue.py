@@ -1,0 +1,159 @@
+"""The Lua state machine against a real Redis: claims, fencing, lease expiry, cancel, idempotent submit."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+import redis
+
+from clm_trainer.queue import JobQueue
+from clm_trainer.settings import TrainerSettings
+from clm_trainer.store import IdempotencyConflict, JobStore, new_job_id
+
+
+@pytest.fixture()
+def settings(redis_url, tmp_path) -> TrainerSettings:
+    return TrainerSettings(redis_url=redis_url, lease_seconds=0.5, heartbeat_seconds=0.1, cancel_poll_seconds=0.1,
+                           max_attempts=2, work_root=tmp_path / "work")
+
+
+@pytest.fixture()
+def queue(settings) -> JobQueue:
+    return JobQueue.connect(settings)
+
+
+def submit(settings: TrainerSettings, *, key: str | None = None, digest: str = "d1") -> str:
+    async def go():
+        store = JobStore.connect(settings)
+        try:
+            submitted = await store.submit(new_job_id(), {"mode": "train"}, "n", idempotency_key=key, digest=digest)
+            return submitted.job.id
+        finally:
+            await store.close()
+
+    return asyncio.run(go())
+
+
+def job(queue: JobQueue, job_id: str) -> dict:
+    return queue.client.hgetall(queue.keys.job(job_id))
+
+
+def events(queue: JobQueue, job_id: str) -> list[str]:
+    return [json.loads(f["data"])["type"] for _, f in queue.client.xrange(queue.keys.events(job_id))]
+
+
+def test_claim_is_fifo_and_fenced(settings, queue):
+    first, second = submit(settings), submit(settings)
+    a = queue.claim("w1")
+    b = queue.claim("w2")
+    assert (a.job_id, b.job_id) == (first, second)
+    assert a.token != b.token and queue.claim("w3") is None
+    assert job(queue, first)["status"] == "running" and job(queue, first)["worker"] == "w1"
+
+    # A zombie holding the right job id but a stale token can change nothing.
+    stale = type(a)(a.job_id, "999999", a.attempt)
+    assert queue.heartbeat(stale) == 0
+    assert not queue.progress(stale, "training", {"step": 1}, {"type": "progress"})
+    assert not queue.finish(stale, "succeeded", result={"x": 1})
+    assert queue.finish(a, "succeeded", result={"x": 1})
+    assert not queue.finish(a, "failed", error={"code": "c", "message": "m"})  # finishes exactly once
+    assert job(queue, first)["status"] == "succeeded"
+    assert events(queue, first) == ["created", "claimed", "succeeded"]
+
+
+def test_expired_lease_requeues_then_fails_after_max_attempts(settings, queue):
+    job_id = submit(settings)
+    first = queue.claim("w1")
+    time.sleep(0.7)
+    assert queue.reap() == [(job_id, "requeued")]
+    assert queue.heartbeat(first) == 0 and not queue.finish(first, "succeeded")  # the zombie is fenced out
+    second = queue.claim("w2")
+    assert second.job_id == job_id and second.attempt == 2
+    time.sleep(0.7)
+    assert queue.reap() == [(job_id, "failed")]
+    record = job(queue, job_id)
+    assert record["status"] == "failed"
+    assert json.loads(record["error"])["code"] == "worker_lost"
+    assert "2 times" in json.loads(record["error"])["message"]
+    assert events(queue, job_id) == ["created", "claimed", "requeued", "claimed", "failed"]
+
+
+def test_heartbeat_keeps_the_lease_and_reports_cancel(settings, queue):
+    job_id = submit(settings)
+    claim = queue.claim("w1")
+    for _ in range(4):
+        time.sleep(0.2)
+        assert queue.heartbeat(claim) == 1
+        assert queue.reap() == []
+
+    async def cancel():
+        store = JobStore.connect(settings)
+        try:
+            return await store.cancel(job_id)
+        finally:
+            await store.close()
+
+    assert asyncio.run(cancel()) == "requested"
+    assert queue.heartbeat(claim) == 2
+    assert queue.finish(claim, "cancelled")
+    assert asyncio.run(cancel()) == "already:cancelled"  # terminal: reported, not changed
+    assert job(queue, job_id)["status"] == "cancelled"
+
+
+def test_cancel_of_queued_job_removes_it_from_the_queue(settings, queue):
+    job_id = submit(settings)
+
+    async def cancel():
+        store = JobStore.connect(settings)
+        try:
+            return await store.cancel(job_id)
+        finally:
+            await store.close()
+
+    assert asyncio.run(cancel()) == "dequeued"
+    assert queue.claim("w1") is None
+    assert queue.client.llen(queue.keys.queue) == 0
+
+
+def test_lost_worker_with_cancel_requested_ends_cancelled(settings, queue):
+    job_id = submit(settings)
+    queue.claim("w1")
+    queue.client.hset(queue.keys.job(job_id), "cancel_requested", "1")
+    time.sleep(0.7)
+    assert queue.reap() == [(job_id, "cancelled")]
+
+
+def test_release_hands_the_job_back_without_counting_an_attempt(settings, queue):
+    job_id = submit(settings)
+    claim = queue.claim("w1")
+    assert queue.release(claim)
+    assert job(queue, job_id)["attempts"] == "0" and job(queue, job_id)["status"] == "queued"
+    assert queue.claim("w2").attempt == 1
+
+
+def test_idempotent_submit(settings, queue):
+    first = submit(settings, key="k-1", digest="same")
+    assert submit(settings, key="k-1", digest="same") == first
+    with pytest.raises(IdempotencyConflict):
+        submit(settings, key="k-1", digest="other")
+    assert queue.client.llen(queue.keys.queue) == 1 and queue.client.zcard(queue.keys.jobs) == 1
+
+
+def test_scripts_survive_a_script_cache_flush(settings, queue):
+    """After a Redis restart the script cache is empty; EVALSHA falls back to EVAL transparently."""
+    submit(settings)
+    queue.client.script_flush()
+    assert queue.claim("w1") is not None
+
+
+def test_unreachable_redis_fails_fast(tmp_path):
+    from clm.procs import free_port
+
+    settings = TrainerSettings(redis_url=f"redis://127.0.0.1:{free_port()}/0", redis_timeout_s=0.5)
+    started = time.monotonic()
+    with pytest.raises(redis.ConnectionError):
+        JobQueue.connect(settings).claim("w1")
+    assert time.monotonic() - started < 5
