@@ -17,7 +17,7 @@ test-faults:
 	$(PYTEST) -q tests/faults
 
 demo:
-	$(PY) -m clm.demo
+	$(PY) scripts/demo.py
 
 bench-loss:
 	$(PY) bench/bench_loss.py
