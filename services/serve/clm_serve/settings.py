@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class ServeSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="CLM_SERVE_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="CLM_SERVE_", extra="ignore", populate_by_name=True)
 
     host: str = Field("127.0.0.1", description="Interface to listen on.")
     port: int = Field(8003, description="TCP port to listen on.")
@@ -22,11 +23,29 @@ class ServeSettings(BaseSettings):
     poll_interval_s: float = Field(2.0, gt=0, description="Polling interval of the latest pointer.")
     admin_token: SecretStr = Field(SecretStr(""), description="Bearer token for POST /admin/reload; empty disables the route.")
     embedder_url: str = Field("", description="Embedder for state texts; empty = an in-process encoder (below).")
+    embedder_timeout_s: float = Field(30.0, gt=0, description="Timeout of one request to the embedder.")
+    embedder_concurrency: int = Field(8, ge=1, description="Requests to the embedder in flight at once.")
+    embedder_retries: int = Field(3, ge=1, description="Attempts per embedder request (connection errors and 5xx).")
     encoder_model: str = Field("minilm", description="In-process encoder model (when embedder_url is empty).")
-    encoder_pooling: str = Field("auto", description="In-process encoder pooling.")
+    encoder_pooling: Literal["auto", "last", "mean", "cls"] = Field(
+        "auto", description="In-process encoder pooling; `auto`: last-token for causal decoders, mean otherwise.")
     encoder_max_tokens: int = Field(256, ge=8, description="In-process encoder max tokens.")
+    encoder_dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="In-process encoder compute dtype (part of its fingerprint).")
+    encoder_device: str = Field("cpu", description="In-process encoder device: `cpu`, `cuda`, `auto`.")
+    embedding_round_to: Literal["float16", "float32"] = Field(
+        "float16", description="Round encoder vectors through this dtype before the heads. The trainer's "
+        "embedding tables store float16, so float16 makes served probabilities equal the recipe's evaluation.")
+    warm_options_file: Path | None = Field(
+        None, description="SystemOne records or requests (JSONL) whose option texts are embedded and projected "
+        "when heads load, so the first requests already hit the action cache (e.g. the training records).")
+    action_cache_max_entries: int = Field(200_000, ge=1, description="Projected option vectors kept per heads (LRU).")
+    option_store_max_entries: int = Field(200_000, ge=1, description="Option-text encoder vectors kept (LRU).")
     max_batch_questions: int = Field(512, ge=1, description="Micro-batch size of the projection step.")
-    batch_window_ms: float = Field(2.0, ge=0, description="How long a micro-batch waits for company.")
+    max_batch_texts: int = Field(256, ge=1, description="Micro-batch size of the state-text encoder calls.")
+    batch_window_ms: float = Field(2.0, ge=0, description="How long a micro-batch (encode, projection) waits for company.")
     max_questions: int = Field(64, ge=1, description="Questions per request.")
     max_options: int = Field(64, ge=2, description="Options per question.")
     max_state_chars: int = Field(100_000, ge=1, description="A longer rendered state gets 400.")
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="A larger request body gets 413.")
+    log_level: str = Field("info", description="Python and uvicorn log level.")

@@ -1,0 +1,37 @@
+"""``clm-serve``: serve CLM heads on vLLM's /v1/systemone, hot-reloading published versions.
+
+    CLM_CKPT=var/checkpoints/soc-triage/v0001/heads.pt clm-serve     # one checkpoint, no watching
+    CLM_SERVE_CHECKPOINT_ROOT=var/checkpoints CLM_SERVE_HEADS_NAME=soc-triage clm-serve   # follow `latest`
+
+Every setting is an environment variable (``clm_serve.settings.ServeSettings``).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import uvicorn
+
+from clm_serve.app import build_app
+from clm_serve.settings import ServeSettings
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in ("-h", "--help"):
+        print(__doc__)
+        for name, field in ServeSettings.model_fields.items():
+            print(f"  CLM_SERVE_{name.upper():<28} {field.description} (default: {field.default!r})")
+        return 0
+    settings = ServeSettings()
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = build_app(settings)
+    # One worker: the heads, caches and batcher live in this process; scale out with replicas.
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
+                timeout_graceful_shutdown=10)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,180 @@
+"""The two caches that make an option cost nothing after its first sight.
+
+Option texts repeat across requests (ARCHITECTURE §3: an option text is the
+option alone, never the question), so each is embedded and projected once:
+
+* ``OptionEmbeddings``: option text → frozen-encoder vector. It does not
+  depend on the heads, so it lives as long as the service (and the encoder,
+  whose fingerprint every loaded checkpoint must match) and survives swaps.
+* ``ActionCache``: option text → action-head projection. It *does* depend on
+  the heads, so it belongs to one ``LoadedHeads`` object: a swap replaces it
+  together with the weights in one reference assignment, and a request that
+  started on the old heads keeps reading the old cache. It can never serve a
+  projection made by other weights.
+
+Both are LRU-bounded: option texts come from callers, and an unbounded cache
+is a memory leak any client can drive. Both are touched only from the event
+loop thread (a new heads' cache is filled in a worker thread *before* it is
+published, when nothing else can see it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from typing import Generic, TypeVar
+
+import numpy as np
+import torch
+
+from clm.encoders.base import EncoderBackend
+
+V = TypeVar("V")
+
+
+class LRU(Generic[V]):
+    """A bounded mapping that evicts the least recently used entry."""
+
+    def __init__(self, max_entries: int) -> None:
+        if max_entries < 1:
+            raise ValueError(f"max_entries must be positive, got {max_entries}")
+        self.max_entries = max_entries
+        self._data: OrderedDict[str, V] = OrderedDict()
+
+    def get(self, key: str) -> V | None:
+        value = self._data.get(key)
+        if value is not None:
+            self._data.move_to_end(key)
+        return value
+
+    def put(self, key: str, value: V) -> None:
+        self._data[key] = value
+        self._data.move_to_end(key)
+        while len(self._data) > self.max_entries:
+            self._data.popitem(last=False)
+
+    def keys(self) -> list[str]:
+        """Keys, most recently used last."""
+        return list(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._data
+
+
+def round_vectors(vectors: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 vectors rounded through ``dtype``: the trainer's embedding tables store float16, so the
+    heads were trained and evaluated on float16-rounded embeddings; serving the same rounding gives
+    the same probabilities as the recipe's evaluation."""
+    vectors = np.asarray(vectors, dtype=np.float32)
+    if dtype == "float32":
+        return vectors
+    return vectors.astype(dtype).astype(np.float32)
+
+
+class OptionEmbeddings:
+    """Encoder vectors of option texts, shared by every heads version of this process.
+
+    Concurrent requests that miss on the same text share one encoder call
+    (an in-flight map), so a burst of new options is embedded once.
+    """
+
+    def __init__(
+        self,
+        encoder: EncoderBackend,
+        *,
+        max_entries: int,
+        round_to: str,
+        on_encoded: Callable[[int], None] = lambda n: None,
+    ) -> None:
+        self.encoder = encoder
+        self.round_to = round_to
+        self._store: LRU[np.ndarray] = LRU(max_entries)
+        self._pending: dict[str, tuple[asyncio.Task, int]] = {}
+        self._on_encoded = on_encoded
+
+    def __len__(self) -> int:
+        return len(self._store)
+
+    def texts(self) -> list[str]:
+        return self._store.keys()
+
+    async def get(self, texts: Sequence[str]) -> np.ndarray:
+        """float32 ``[len(texts), dim]``; raises the encoder's ``EncoderError`` when it cannot embed."""
+        unique = list(dict.fromkeys(texts))
+        found: dict[str, np.ndarray] = {}
+        waits: dict[str, tuple[asyncio.Task, int]] = {}
+        new: list[str] = []
+        for text in unique:
+            vector = self._store.get(text)
+            if vector is not None:
+                found[text] = vector
+            elif text in self._pending:
+                waits[text] = self._pending[text]
+            else:
+                new.append(text)
+        if new:
+            task = asyncio.ensure_future(self._encode(new))
+            for index, text in enumerate(new):
+                self._pending[text] = waits[text] = (task, index)
+        for text, (task, index) in waits.items():
+            # shield: a client that disconnects must not cancel an encode other requests wait on.
+            vectors = await asyncio.shield(task)
+            found[text] = vectors[index]
+        if not texts:
+            return np.zeros((0, self.encoder.dim), dtype=np.float32)
+        return np.stack([found[text] for text in texts])
+
+    async def _encode(self, texts: list[str]) -> np.ndarray:
+        try:
+            result = await self.encoder.encode(texts)
+            vectors = round_vectors(result.vectors, self.round_to)
+            if vectors.shape != (len(texts), self.encoder.dim):
+                raise RuntimeError(
+                    f"encoder returned shape {vectors.shape} for {len(texts)} texts of width {self.encoder.dim}"
+                )
+            for text, vector in zip(texts, vectors):
+                self._store.put(text, vector)
+            self._on_encoded(len(texts))
+            return vectors
+        finally:
+            for text in texts:
+                self._pending.pop(text, None)
+
+
+class ActionCache:
+    """Action-head projections of option texts, for one heads version only."""
+
+    def __init__(
+        self,
+        max_entries: int,
+        *,
+        on_hits: Callable[[int], None] = lambda n: None,
+        on_misses: Callable[[int], None] = lambda n: None,
+    ) -> None:
+        self._lru: LRU[torch.Tensor] = LRU(max_entries)
+        self._on_hits = on_hits
+        self._on_misses = on_misses
+
+    def lookup(self, texts: Sequence[str]) -> list[torch.Tensor | None]:
+        found = [self._lru.get(text) for text in texts]
+        misses = sum(1 for vector in found if vector is None)
+        self._on_hits(len(found) - misses)
+        self._on_misses(misses)
+        return found
+
+    def insert(self, texts: Iterable[str], projected: torch.Tensor) -> None:
+        for text, vector in zip(texts, projected):
+            self._lru.put(text, vector)
+
+    def texts(self) -> list[str]:
+        return self._lru.keys()
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def __contains__(self, text: object) -> bool:
+        return text in self._lru

@@ -1,0 +1,92 @@
+"""From parsed questions to option probabilities: encode, project, score.
+
+The maths is the heads' own (``CLMHeadPair``): unit state projection,
+unit action projection, ``logit = exp(min(logit_scale, max)) x cosine``,
+softmax over the question's options. The texts are the text contract's
+(``clm.texts``) and the vectors the same encoder's (the fingerprint check at
+load time guarantees it), rounded like the trainer's embedding table, so a
+served answer equals the recipe's evaluation of the same record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from clm.encoders.base import EncoderBackend
+
+from clm_serve.action_cache import OptionEmbeddings, round_vectors
+from clm_serve.batcher import EncodeBatcher, ProjectionBatcher
+from clm_serve.loaded_heads import LoadedHeads
+from clm_serve.question_types import Question
+
+_WARM_CHUNK = 4096  # option texts projected per step while warming (bounds peak memory)
+
+
+@dataclass(frozen=True)
+class Decision:
+    probs: list[list[float]]  # per question, per option (model-output order)
+    input_tokens: int  # tokens the encoder read for the state texts
+
+
+class DecisionEngine:
+    def __init__(
+        self,
+        encoder: EncoderBackend,
+        options: OptionEmbeddings,
+        states: EncodeBatcher,
+        batcher: ProjectionBatcher,
+        *,
+        round_to: str,
+    ) -> None:
+        self.encoder = encoder
+        self.options = options
+        self.states = states
+        self.batcher = batcher
+        self.round_to = round_to
+
+    async def decide(self, heads: LoadedHeads, questions: Sequence[Question], state_texts: Sequence[str]) -> Decision:
+        """Probabilities of every question, all computed by ``heads`` (captured once by the caller)."""
+        (state_vectors, tokens), actions = await asyncio.gather(
+            self._encode_states(list(state_texts)), self._action_matrices(heads, questions)
+        )
+        state_proj = await self.batcher.project_states(heads, state_vectors)
+        probs = [heads.option_probabilities(state_proj[i], actions[i]) for i in range(len(questions))]
+        return Decision(probs=probs, input_tokens=tokens)
+
+    async def _encode_states(self, texts: list[str]) -> tuple[np.ndarray, int]:
+        vectors, tokens = await self.states.encode(texts)
+        return round_vectors(vectors, self.round_to), int(tokens)
+
+    async def _action_matrices(self, heads: LoadedHeads, questions: Sequence[Question]) -> list[torch.Tensor]:
+        """``[options, proj_dim]`` per question: cache hits, plus one encode + one projection for all misses."""
+        texts = [text for q in questions for text in q.option_texts]
+        found = heads.actions.lookup(texts)
+        missing = list(dict.fromkeys(t for t, v in zip(texts, found) if v is None))
+        if missing:
+            embeddings = await self.options.get(missing)
+            projected = await self.batcher.run(heads.project_actions, torch.from_numpy(embeddings))
+            heads.actions.insert(missing, projected)
+            fresh = dict(zip(missing, projected))
+            found = [fresh[t] if v is None else v for t, v in zip(texts, found)]
+        matrices, offset = [], 0
+        for question in questions:
+            count = len(question.option_texts)
+            matrices.append(torch.stack(found[offset : offset + count]))
+            offset += count
+        return matrices
+
+    async def warm(self, heads: LoadedHeads, texts: Sequence[str]) -> int:
+        """Fill a not-yet-published heads' action cache with ``texts`` (encoding only what the
+        option store lacks); runs on its own thread so serving requests are not held up."""
+        texts = [t for t in dict.fromkeys(texts) if t not in heads.actions]
+        for start in range(0, len(texts), _WARM_CHUNK):
+            chunk = texts[start : start + _WARM_CHUNK]
+            embeddings = await self.options.get(chunk)
+            projected = await asyncio.to_thread(heads.project_actions, torch.from_numpy(embeddings))
+            heads.actions.insert(chunk, projected)
+        return len(texts)

@@ -1,0 +1,64 @@
+"""Prometheus metrics of clm-serve, on a registry owned by one app instance.
+
+A per-app ``CollectorRegistry`` (not the process-global one) lets tests and
+benchmarks run several apps in one process without "duplicated timeseries"
+errors, and makes ``/metrics`` show exactly this service's series.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+class ServeMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "clm_serve_requests", "Decision requests answered, by HTTP status.", ["status"], registry=r
+        )
+        self.latency = Histogram(
+            "clm_serve_request_latency_seconds", "Wall time of POST /v1/systemone, including encoding.",
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )
+        self.questions = Counter("clm_serve_questions", "Questions answered.", ["type"], registry=r)
+        self.batch_questions = Histogram(
+            "clm_serve_projection_batch_questions", "Questions per micro-batched state projection.",
+            buckets=_BATCH_BUCKETS, registry=r,
+        )
+        self.batch_texts = Histogram(
+            "clm_serve_encode_batch_texts", "State texts per micro-batched encoder call.",
+            buckets=_BATCH_BUCKETS, registry=r,
+        )
+        self.heads_version = Gauge(
+            "clm_serve_heads_version", "Numeric version of the heads serving now (vNNNN); 0 when none is loaded "
+            "or the checkpoint is not a published version.", registry=r,
+        )
+        self.heads_loaded = Gauge("clm_serve_heads_loaded", "1 when heads are loaded and serving.", registry=r)
+        self.reloads = Counter(
+            "clm_serve_heads_reloads", "Attempts to load a new heads version, by outcome (success, failure).",
+            ["outcome"], registry=r,
+        )
+        self.reload_seconds = Histogram(
+            "clm_serve_heads_reload_seconds", "Load, validate and warm time of a heads version, until the swap.",
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )
+        self.action_cache_hits = Counter(
+            "clm_serve_action_cache_hits", "Option projections served from the action cache.", registry=r
+        )
+        self.action_cache_misses = Counter(
+            "clm_serve_action_cache_misses", "Option projections computed on demand (first sight of an option "
+            "text for the loaded heads).", registry=r,
+        )
+        self.action_cache_size = Gauge(
+            "clm_serve_action_cache_entries", "Projected option vectors held for the loaded heads.", registry=r
+        )
+        self.option_texts_encoded = Counter(
+            "clm_serve_option_texts_encoded", "Option texts sent to the encoder (not yet in the option store).",
+            registry=r,
+        )
+        for outcome in ("success", "failure"):
+            self.reloads.labels(outcome)

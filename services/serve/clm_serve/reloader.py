@@ -1,0 +1,263 @@
+"""Hot reload: find the heads to serve, load them off the request path, swap atomically.
+
+Sources of a reload: start-up, the ``latest`` pointer changing (watchfiles,
+with a polling loop as a fallback for filesystems that deliver no events,
+such as NFS or some container volumes), and ``POST /admin/reload``.
+
+A reload, serialised by one lock:
+
+1. resolves the target (``<root>/<name>/latest`` → ``vNNNN``, or the fixed
+   ``CLM_CKPT``); the same target as now serving is a no-op;
+2. loads and validates it on a worker thread (format, version, manifest
+   hashes, shapes, finite weights, plain-tensor pickle, encoder fingerprint,
+   template version): nothing runs on the event loop, requests keep flowing;
+3. warms the new heads' action cache with the option texts the current heads
+   have seen (and the configured warm-up set): their encoder vectors are
+   already held, so this is one projection, not an encoder pass;
+4. publishes with one reference assignment. Requests already running finish
+   on the heads they captured.
+
+A refused checkpoint leaves the current heads serving; the refusal is logged,
+counted, and reported by ``GET /v1/heads`` (``last_error``). A target that
+failed is not retried by the watcher until it changes (an admin reload
+forces a retry), so a broken version cannot spin the loader every poll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import time
+from collections import deque
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Literal
+
+from clm.checkpoint import LATEST_FILE, PT_FILE, CheckpointError, resolve_latest
+from clm.encoders.base import EncoderBackend, EncoderError
+
+from clm_serve.action_cache import ActionCache
+from clm_serve.engine import DecisionEngine
+from clm_serve.loaded_heads import HeadsRefused, LoadedHeads, load_heads
+from clm_serve.metrics import ServeMetrics
+from clm_serve.question_types import StructuredDecisionError, build_question
+from clm_serve.settings import ServeSettings
+
+logger = logging.getLogger(__name__)
+
+Status = Literal["loaded", "unchanged", "failed", "skipped", "none"]
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat()
+
+
+@dataclass(frozen=True)
+class ReloadOutcome:
+    status: Status  # loaded | unchanged | failed | skipped (known bad target) | none (nothing published yet)
+    trigger: str
+    target: str | None
+    version: str | None
+    message: str
+    at: str
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def warm_option_texts(path: Path, max_options: int) -> list[str]:
+    """Option texts of every question in a JSONL file of SystemOne records or requests.
+
+    Lines that are not valid questions are counted and skipped: warm-up is an
+    optimisation, and a stray line must not keep the service from starting.
+    """
+    texts: dict[str, None] = {}
+    skipped = 0
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            if not line.strip():
+                continue
+            try:
+                questions = json.loads(line)["questions"]
+                for qid, spec in questions.items():
+                    question = build_question(qid, spec["type"], spec.get("instructions"), spec.get("criteria"),
+                                              max_options)
+                    texts.update(dict.fromkeys(question.option_texts))
+            except (ValueError, KeyError, TypeError, AttributeError, StructuredDecisionError):
+                skipped += 1
+    if skipped:
+        logger.warning("warm-up file %s: %d lines without valid questions were skipped", path, skipped)
+    return list(texts)
+
+
+class HeadsManager:
+    def __init__(
+        self,
+        settings: ServeSettings,
+        encoder: EncoderBackend,
+        engine: DecisionEngine,
+        metrics: ServeMetrics,
+        warm_texts: list[str] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.encoder = encoder
+        self.engine = engine
+        self.metrics = metrics
+        self.warm_texts = warm_texts or []
+        self.current: LoadedHeads | None = None
+        self.last_error: dict | None = None
+        self.events: deque[ReloadOutcome] = deque(maxlen=20)
+        self._identity: str | None = None
+        self._failed: dict[str, str] = {}
+        self._lock = asyncio.Lock()
+
+    # -- target --------------------------------------------------------------------------------
+
+    @property
+    def name_dir(self) -> Path:
+        return self.settings.checkpoint_root / self.settings.heads_name
+
+    def _resolve_target(self) -> tuple[Path, str] | None:
+        """(path to load, identity) or None when nothing is published yet. Blocking (file reads)."""
+        if self.settings.ckpt is not None:
+            path = self.settings.ckpt
+            stat = os.stat(path / PT_FILE if path.is_dir() else path)
+            return path, f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+        if not (self.name_dir / LATEST_FILE).exists():
+            return None
+        published = resolve_latest(self.settings.checkpoint_root, self.settings.heads_name)
+        return published.path, published.sha256
+
+    # -- reload --------------------------------------------------------------------------------
+
+    async def reload(self, trigger: str, *, retry_failed: bool = False) -> ReloadOutcome:
+        """Load the target if it is not the one serving. ``retry_failed`` retries a target that was refused
+        before (the admin route sets it; the watcher does not)."""
+        async with self._lock:
+            outcome = await self._reload_locked(trigger, retry_failed)
+        if outcome.status in ("loaded", "failed"):
+            self.events.append(outcome)
+        return outcome
+
+    async def _reload_locked(self, trigger: str, retry_failed: bool) -> ReloadOutcome:
+        try:
+            target = await asyncio.to_thread(self._resolve_target)
+        except (CheckpointError, OSError) as error:
+            return self._fail(trigger, None, f"cannot resolve the heads to serve: {error}", identity=f"pointer:{error}",
+                              retry_failed=retry_failed)
+        if target is None:
+            return ReloadOutcome("none", trigger, None, None,
+                                 f"nothing published yet under {self.name_dir}", _now())
+        path, identity = target
+        if identity == self._identity:
+            return ReloadOutcome("unchanged", trigger, str(path), self._version(), "already serving", _now())
+        if identity in self._failed and not retry_failed:
+            return ReloadOutcome("skipped", trigger, str(path), None, self._failed[identity], _now())
+
+        started = time.perf_counter()
+        cache = ActionCache(
+            self.settings.action_cache_max_entries,
+            on_hits=self.metrics.action_cache_hits.inc, on_misses=self.metrics.action_cache_misses.inc,
+        )
+        try:
+            new = await asyncio.to_thread(
+                load_heads, path, encoder=self.encoder.fingerprint, encoder_dim=self.encoder.dim, action_cache=cache
+            )
+        except HeadsRefused as error:
+            return self._fail(trigger, path, str(error), identity=identity, retry_failed=retry_failed)
+        except Exception as error:  # a bug or an I/O failure: same outcome, plus the traceback in the log
+            logger.exception("unexpected error loading heads from %s", path)
+            return self._fail(trigger, path, f"{type(error).__name__}: {error}", identity=identity, retry_failed=retry_failed)
+
+        warm = self._warm_set()
+        try:
+            warmed = await self.engine.warm(new, warm)
+        except EncoderError as error:
+            # The heads are valid; options will be filled on first sight once the encoder is back.
+            warmed = 0
+            logger.warning("heads %s: action cache warm-up skipped (encoder unavailable: %s)", new.version, error)
+        old, self.current, self._identity = self.current, new, identity  # the swap: one reference assignment
+        elapsed = time.perf_counter() - started
+        self.metrics.reloads.labels("success").inc()
+        self.metrics.reload_seconds.observe(elapsed)
+        self.metrics.heads_version.set(new.version_number or 0)
+        self.metrics.heads_loaded.set(1)
+        self.metrics.action_cache_size.set(len(new.actions))
+        message = (f"serving {new.version} from {new.path} (was {old.version if old else 'none'}); "
+                   f"{warmed} option projections warmed in {elapsed:.3f}s")
+        logger.info("heads reload (%s): %s", trigger, message)
+        return ReloadOutcome("loaded", trigger, str(path), new.version, message, _now())
+
+    def _warm_set(self) -> list[str]:
+        current = self.current.actions.texts() if self.current is not None else []
+        return list(dict.fromkeys([*self.warm_texts, *current]))
+
+    def _version(self) -> str | None:
+        return None if self.current is None else self.current.version
+
+    def _fail(self, trigger: str, path: Path | None, message: str, *, identity: str, retry_failed: bool) -> ReloadOutcome:
+        if identity in self._failed and not retry_failed:
+            return ReloadOutcome("skipped", trigger, None if path is None else str(path), None, message, _now())
+        self._failed[identity] = message
+        serving = self._version()
+        self.last_error = {"message": message, "path": None if path is None else str(path), "trigger": trigger,
+                           "at": _now(), "still_serving": serving}
+        self.metrics.reloads.labels("failure").inc()
+        logger.error("heads reload (%s) refused %s: %s; still serving %s", trigger, path, message, serving or "nothing")
+        return ReloadOutcome("failed", trigger, None if path is None else str(path), None, message, _now())
+
+    # -- watching ------------------------------------------------------------------------------
+
+    async def watch(self, stop: asyncio.Event) -> None:
+        """Reload whenever ``latest`` moves, until ``stop`` is set: file events plus a polling fallback."""
+        tasks = [asyncio.create_task(self._poll(stop), name="clm-serve-poll")]
+        if self.settings.watch:
+            tasks.append(asyncio.create_task(self._watch_files(stop), name="clm-serve-watch"))
+        try:
+            await stop.wait()
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    async def _safe_reload(self, trigger: str) -> None:
+        try:
+            await self.reload(trigger)
+        except Exception:  # the watcher must outlive any single failure
+            logger.exception("heads reload (%s) crashed", trigger)
+
+    async def _poll(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.settings.poll_interval_s):
+                    await stop.wait()
+            if not stop.is_set():
+                await self._safe_reload("poll")
+
+    async def _watch_files(self, stop: asyncio.Event) -> None:
+        from watchfiles import awatch
+
+        root = self.settings.checkpoint_root
+        while not stop.is_set():
+            # Watch the name folder once it exists (events on `latest`), else the root for its creation.
+            target = self.name_dir if self.name_dir.is_dir() else root if root.is_dir() else None
+            if target is None:
+                await asyncio.sleep(self.settings.poll_interval_s)
+                continue
+            try:
+                async for changes in awatch(target, stop_event=stop, recursive=False, debounce=50, step=20):
+                    if any(Path(p).name == LATEST_FILE for _, p in changes):
+                        await self._safe_reload("watch")
+                    if target != self.name_dir and self.name_dir.is_dir():
+                        await self._safe_reload("watch")
+                        break
+            except Exception as error:  # inotify limits, unsupported filesystem: polling still runs
+                logger.warning("file watching of %s stopped (%s); relying on polling every %.1fs",
+                               target, error, self.settings.poll_interval_s)
+                return

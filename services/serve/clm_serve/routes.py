@@ -1,0 +1,121 @@
+"""HTTP routes of clm-serve: decisions, heads status, admin reload, health, metrics, models."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from clm_http.auth import require_bearer
+from clm_http.errors import APIError
+
+from clm_serve.protocol import ErrorResponse, StructuredDecisionRequest
+from clm_serve.runtime import ServeRuntime
+from clm_serve.serving import ServingStructuredDecisions
+
+HEADS_VERSION_HEADER = "X-CLM-Heads-Version"
+
+router = APIRouter()
+
+_ERRORS = {status: {"model": ErrorResponse} for status in (400, 404, 413, 503)}
+
+
+def _runtime(request: Request) -> ServeRuntime:
+    return request.app.state.runtime
+
+
+@router.post("/v1/systemone", responses=_ERRORS)
+async def create_structured_decision(body: StructuredDecisionRequest, raw_request: Request) -> JSONResponse:
+    """vLLM's structured decisions. The heads version that computed the answer is in the
+    ``X-CLM-Heads-Version`` header and in the body's ``system_fingerprint``."""
+    serving: ServingStructuredDecisions = raw_request.app.state.serving
+    response, heads = await serving.create_decision(body, raw_request)
+    return JSONResponse(
+        content=response.model_dump(),
+        headers={HEADS_VERSION_HEADER: heads.version, "X-Request-Id": response.id.removeprefix("decision-")},
+    )
+
+
+@router.get("/v1/heads")
+async def heads_status(request: Request) -> dict:
+    """What is serving, where it came from, and the last refused checkpoint (``last_error``)."""
+    runtime = _runtime(request)
+    settings = runtime.settings
+    manager = runtime.manager
+    current = manager.current if manager is not None else None
+    info = current.info() if current is not None else {}
+    encoder = runtime.encoder
+    return {
+        "object": "heads",
+        "status": runtime.phase,
+        "mode": "single" if settings.ckpt is not None else "watch",
+        "source": str(settings.ckpt or settings.checkpoint_root / settings.heads_name),
+        "version": info.get("version"),
+        "path": info.get("path"),
+        "sha256": info.get("sha256"),
+        "fingerprint": info.get("fingerprint"),
+        "template_version": info.get("template_version"),
+        "loaded_at": info.get("loaded_at"),
+        "created_at": info.get("created_at"),
+        "parent": info.get("parent"),
+        "metrics": info.get("metrics"),
+        "config": info.get("config"),
+        "logit_scale": info.get("logit_scale"),
+        "action_cache_entries": info.get("action_cache_entries"),
+        "encoder": None if encoder is None else {
+            "model": encoder.fingerprint.model, "dim": encoder.dim, "digest": encoder.fingerprint.digest,
+            "fingerprint": encoder.fingerprint.as_dict(),
+        },
+        "last_error": None if manager is None else manager.last_error,
+        "recent_reloads": [] if manager is None else [event.as_dict() for event in manager.events],
+    }
+
+
+@router.post("/admin/reload", responses={status: {"model": ErrorResponse} for status in (401, 403, 404, 409, 503)})
+async def admin_reload(request: Request) -> dict:
+    """Reload now (and retry a version refused before). Needs ``Authorization: Bearer <CLM_SERVE_ADMIN_TOKEN>``.
+
+    With no token configured the route answers 404: an unconfigured service
+    exposes no admin surface at all (rather than an open one).
+    """
+    runtime = _runtime(request)
+    if not runtime.settings.admin_token.get_secret_value():
+        raise APIError(404, "POST /admin/reload is disabled: set CLM_SERVE_ADMIN_TOKEN to enable it")
+    require_bearer(request, runtime.settings.admin_token)
+    if runtime.manager is None:
+        raise APIError(503, f"not ready to load heads: {runtime.phase}", headers={"Retry-After": "1"})
+    outcome = await runtime.manager.reload("admin", retry_failed=True)
+    if outcome.status == "failed":
+        raise APIError(409, f"refused {outcome.target}: {outcome.message}", err_type="ConflictError")
+    current = runtime.manager.current
+    return {**outcome.as_dict(), "serving": None if current is None else current.version}
+
+
+@router.get("/health")
+async def health(request: Request) -> JSONResponse:
+    """200 once heads are loaded and serving; 503 (with the reason) before."""
+    runtime = _runtime(request)
+    phase = runtime.phase
+    current = runtime.manager.current if runtime.manager is not None else None
+    if current is None:
+        return JSONResponse({"status": "not ready", "reason": phase}, status_code=503)
+    return JSONResponse({"status": "ok", "heads_version": current.version})
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    runtime = _runtime(request)
+    current = runtime.manager.current if runtime.manager is not None else None
+    runtime.metrics.action_cache_size.set(0 if current is None else len(current.actions))
+    return Response(generate_latest(runtime.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> dict:
+    """The OpenAI model list, as vLLM serves it: one model, this service's heads."""
+    runtime = _runtime(request)
+    current = runtime.manager.current if runtime.manager is not None else None
+    return {"object": "list", "data": [{
+        "id": runtime.settings.served_model_name, "object": "model", "owned_by": "clm",
+        "root": None if current is None else current.system_fingerprint,
+    }]}

@@ -1,0 +1,136 @@
+"""``POST /v1/systemone`` answered by CLM heads: vLLM's ``ServingStructuredDecisions``, for a CLM.
+
+The order of checks is vLLM's (model → questions → media), so the same bad
+request gets the same error on both servers; then this service's own
+conditions (heads loaded, encoder reachable). A request captures the heads
+once, before any work, and reports the version that computed it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import Request
+
+from clm.encoders.base import EncoderError, EncoderInputError
+from clm.texts import render_state, state_text
+from clm_http.errors import APIError
+
+from clm_serve.loaded_heads import LoadedHeads
+from clm_serve.protocol import (
+    DecisionUsage,
+    QuestionDiagnostics,
+    StructuredDecisionRequest,
+    StructuredDecisionResponse,
+)
+from clm_serve.question_types import Question, StructuredDecisionError, build_question
+from clm_serve.runtime import ServeRuntime
+
+logger = logging.getLogger(__name__)
+
+
+def parse_questions(request: StructuredDecisionRequest, *, max_questions: int, max_options: int) -> list[Question]:
+    """vLLM's ``parse_questions``: at least one, at most ``max_questions``, no unknown fields."""
+    if not request.questions:
+        raise StructuredDecisionError("questions: needs at least one question", param="questions")
+    if len(request.questions) > max_questions:
+        raise StructuredDecisionError(f"questions: at most {max_questions} for this model", param="questions")
+    questions = []
+    for qid, spec in request.questions.items():
+        if spec.model_extra:
+            raise StructuredDecisionError(
+                f"question {qid!r}: unknown field(s) {sorted(spec.model_extra)}", param=f"questions.{qid}"
+            )
+        questions.append(build_question(qid, spec.type, spec.instructions, spec.criteria, max_options))
+    return questions
+
+
+def check_media(request: StructuredDecisionRequest) -> None:
+    """A CLM over a text encoder reads no media; vLLM refuses media a model cannot take, and so do we."""
+    media = {"image": request.images, "audio": request.audio, "video": request.videos}
+    if unsupported := sorted(name for name, items in media.items() if items):
+        raise StructuredDecisionError(
+            f"this model does not take {', '.join(unsupported)} inputs (CLM heads over a text encoder read "
+            "the state as text only)",
+            param={"image": "images", "audio": "audio", "video": "videos"}[unsupported[0]],
+        )
+
+
+def render_state_texts(request: StructuredDecisionRequest, questions: list[Question], max_chars: int) -> list[str]:
+    """One state text per question, byte for byte the trainer's (``clm.texts``)."""
+    state: Any = request.state
+    if not isinstance(state, (str, dict)):
+        raise StructuredDecisionError(
+            f"state must be text or a JSON object, got {type(state).__name__} (the text contract renders only these)",
+            param="state",
+        )
+    try:
+        rendered = render_state(state)
+    except ValueError as error:  # NaN/Infinity in the JSON: no canonical text exists
+        raise StructuredDecisionError(f"state is not strict JSON: {error}", param="state") from None
+    if len(rendered) > max_chars:
+        raise StructuredDecisionError(
+            f"state renders to {len(rendered)} characters, more than this server's limit of {max_chars}",
+            param="state",
+        )
+    context = request.instructions or None
+    return [state_text(rendered, q.id, q.instructions or None, context) for q in questions]
+
+
+class ServingStructuredDecisions:
+    def __init__(self, runtime: ServeRuntime) -> None:
+        self.runtime = runtime
+        self.settings = runtime.settings
+
+    def _check_model(self, request: StructuredDecisionRequest) -> None:
+        name = self.settings.served_model_name
+        if request.model and request.model != name:
+            raise APIError(404, f"The model `{request.model}` does not exist. Valid aliases: {name}.",
+                           param="model", err_type="NotFoundError")
+
+    async def create_decision(
+        self, request: StructuredDecisionRequest, raw_request: Request | None = None
+    ) -> tuple[StructuredDecisionResponse, LoadedHeads]:
+        self._check_model(request)
+        base_id = raw_request.headers.get("X-Request-Id") if raw_request is not None else None
+        request_id = f"decision-{base_id or request.request_id}"
+        try:
+            questions = parse_questions(
+                request, max_questions=self.settings.max_questions, max_options=self.settings.max_options
+            )
+            check_media(request)
+            texts = render_state_texts(request, questions, self.settings.max_state_chars)
+        except StructuredDecisionError as error:
+            raise APIError(400, str(error), param=error.param) from None
+
+        runtime = self.runtime
+        # Capture the heads ONCE: a swap during this request does not change what computes it.
+        heads = runtime.manager.current if runtime.manager is not None else None
+        if heads is None or runtime.engine is None:
+            raise APIError(503, f"no heads are loaded, so no decision can be made yet: {runtime.phase}",
+                           headers={"Retry-After": "1"})
+        try:
+            decision = await runtime.engine.decide(heads, questions, texts)
+        except EncoderInputError as error:
+            raise APIError(400, f"the encoder refused a state text: {error.detail}", param="state") from None
+        except EncoderError as error:
+            logger.warning("request %s: encoder unavailable: %s", request_id, error)
+            raise APIError(503, f"the encoder is unavailable: {error}", headers={"Retry-After": "1"}) from None
+
+        answers: dict[str, dict[str, Any]] = {}
+        diagnostics: dict[str, QuestionDiagnostics] = {}
+        for question, probs in zip(questions, decision.probs):
+            # All of a CLM's probability is on the options: label mass 1, argmax always an option.
+            answers[question.id] = question.type.answer(question, probs, 1.0)
+            diagnostics[question.id] = QuestionDiagnostics(label_mass=1.0, argmax_is_label=True)
+            runtime.metrics.questions.labels(question.type.name).inc()
+        response = StructuredDecisionResponse(
+            id=request_id,
+            model=self.settings.served_model_name,
+            answers=answers,
+            usage=DecisionUsage(input_tokens=decision.input_tokens, output_tokens=0),
+            diagnostics=diagnostics,
+            system_fingerprint=heads.system_fingerprint,
+        )
+        return response, heads

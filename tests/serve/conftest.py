@@ -1,0 +1,56 @@
+"""Fixtures of the clm-serve tests: a tiny real encoder, vLLM's schemas.
+
+The encoder is a real (randomly initialised, fixed-seed) Qwen3 decoder of
+width 128 built locally, with last-token pooling: the production contract at
+a size that runs in milliseconds on CPU. Checkpoints are written with
+``clm.checkpoint`` exactly as the trainer publishes them (see serve_support).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from clm.encoders.base import EncoderFingerprint
+from clm.encoders.local import LocalEncoder
+from clm.encoders.model_identity import fingerprint_for_model_dir
+from clm.encoders.tiny_qwen3 import build_tiny_qwen3
+from serve_support import DATA, MAX_TOKENS
+
+
+@pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    return build_tiny_qwen3(tmp_path_factory.mktemp("models") / "tiny-qwen3")
+
+
+@pytest.fixture(scope="session")
+def fingerprint(tiny_model_dir) -> EncoderFingerprint:
+    """The fingerprint clm-serve computes for CLM_SERVE_ENCODER_MODEL=<tiny_model_dir> (pooling auto = last)."""
+    return fingerprint_for_model_dir(tiny_model_dir, pooling="last", normalize=True, dtype="float32",
+                                     max_tokens=MAX_TOKENS, model_name=tiny_model_dir.name)
+
+
+@pytest.fixture(scope="session")
+def tiny_encoder(tiny_model_dir, fingerprint):
+    encoder = LocalEncoder(tiny_model_dir, pooling="last", max_tokens=MAX_TOKENS, model_name=tiny_model_dir.name,
+                           device="cpu")
+    assert encoder.fingerprint == fingerprint
+    yield encoder
+    asyncio.run(encoder.aclose())
+
+
+@pytest.fixture(scope="session")
+def schemas() -> dict:
+    """vLLM's own JSON schemas (exported by scripts/export_vllm_schemas.py from vLLM's pydantic models)."""
+    return {name: json.loads((DATA / f"{name}.schema.json").read_text())
+            for name in ("structured_decision_response", "error_response", "structured_decision_request")}
+
+

@@ -1,0 +1,92 @@
+"""Helpers of the clm-serve tests (imported by the test modules; fixtures live in conftest.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import httpx
+import jsonschema
+import torch
+
+from clm.checkpoint import publish_checkpoint
+from clm.encoders.base import EncoderFingerprint
+from clm.heads import CLMHeadPair, HeadConfig
+from clm_serve.app import build_app
+from clm_serve.settings import ServeSettings
+
+DATA = Path(__file__).parent / "data"
+HEADS_NAME = "triage"
+MAX_TOKENS = 256
+
+
+def assert_vllm_error(response: httpx.Response, status: int, schemas: dict, contains: str = "") -> dict:
+    assert response.status_code == status, response.text
+    body = response.json()
+    jsonschema.validate(body, schemas["error_response"])
+    assert body["error"]["code"] == status
+    assert contains.lower() in body["error"]["message"].lower(), body["error"]["message"]
+    return body["error"]
+
+
+def make_heads(seed: int, encoder_dim: int = 128, proj_dim: int = 64, logit_scale: float = 3.0) -> CLMHeadPair:
+    """Small heads; a higher scale than CLIP's init spreads the probabilities so versions differ visibly."""
+    heads = CLMHeadPair(HeadConfig(encoder_dim=encoder_dim, proj_dim=proj_dim), seed=seed)
+    with torch.no_grad():
+        heads.logit_scale.fill_(logit_scale)
+    return heads
+
+
+def publish(root: Path, seed: int, fingerprint: EncoderFingerprint, **kwargs):
+    return publish_checkpoint(root, HEADS_NAME, make_heads(seed, **kwargs), fingerprint,
+                              metrics={"seed": seed, "accuracy": 0.5 + seed / 100})
+
+
+def serve_settings(tmp_path: Path, tiny_model_dir: Path, **overrides) -> ServeSettings:
+    values = dict(
+        encoder_model=str(tiny_model_dir), checkpoint_root=tmp_path / "checkpoints", heads_name=HEADS_NAME,
+        poll_interval_s=0.2, batch_window_ms=1.0, encoder_max_tokens=MAX_TOKENS,
+    )
+    values.update(overrides)
+    return ServeSettings(**values)
+
+
+@asynccontextmanager
+async def serve_in_process(settings: ServeSettings, encoder, *, wait_ready: bool = True):
+    """The real app (lifespan included) behind an in-process ASGI transport."""
+    app = build_app(settings, encoder=encoder)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://clm-serve", timeout=30) as client:
+            if wait_ready:
+                await wait_for(client, lambda: _ready(client), what="heads loaded")
+            yield client, app
+
+
+async def _ready(client: httpx.AsyncClient) -> bool:
+    return (await client.get("/health")).status_code == 200
+
+
+async def wait_for(client, predicate, *, timeout: float = 30.0, what: str = "condition") -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        if await predicate():
+            return
+        await asyncio.sleep(0.05)
+    heads = (await client.get("/v1/heads")).json()
+    raise AssertionError(f"timed out waiting for {what}; /v1/heads: {heads}")
+
+
+TRIAGE_REQUEST = {
+    "state": {"rule": "impossible travel", "user": "j.doe", "countries": ["DE", "BR"]},
+    "instructions": "You triage alerts for a mid-size company.",
+    "questions": {
+        "disposition": {"type": "choice", "instructions": "What is this alert?",
+                        "criteria": {"benign": "expected activity", "suspicious": None, "malicious": "an attack"}},
+        "escalate": {"type": "noul", "instructions": "Escalate to tier 2?",
+                     "criteria": {"true": "a human must act now", "false": "it can wait"}},
+        "severity": {"type": "score", "instructions": "How severe?",
+                     "criteria": ["none", "low", "medium", "high", "critical"]},
+    },
+}
