@@ -64,7 +64,7 @@ async def create_embeddings(body: EmbeddingRequest, request: Request) -> JSONRes
         with state.gate.admit():
             metrics.in_flight.inc()
             try:
-                result = await state.cache.get_or_encode(texts, state.backend)
+                result = await state.cache.get_or_encode(texts, state.encoder)
             finally:
                 metrics.in_flight.dec()
     except Saturated as exc:

@@ -24,6 +24,7 @@ class EmbedderSettings(BaseSettings):
     max_tokens: int = Field(256, ge=8, description="Inputs are truncated to this many tokens; part of the fingerprint.")
     device: str = Field("auto", description="`auto` (cuda when present, else cpu), `cpu`, `cuda`, `cuda:1`, ...")
     local_batch_tokens: int = Field(8192, ge=64, description="Token budget of one local forward batch (texts are sorted by length).")
+    coalesce_window_ms: float = Field(2.0, ge=0, description="Concurrent requests' cache misses arriving within this window (or while the encoder is busy) are encoded as one batch.")
     weights_id: str = Field("", description="Weights revision for the fingerprint when the backend cannot hash the files (vllm with a hub name).")
 
     vllm_url: str = Field("http://127.0.0.1:8000", description="Base URL of the vLLM pooling server.")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from clm.cache import DiskTier, EmbeddingCache, RedisTier
+from clm.encoders.coalescing import CoalescingEncoder
 from clm.encoders.factory import build_encoder
 
 from .admission import AdmissionGate
@@ -16,7 +17,8 @@ from .settings import EmbedderSettings
 @dataclass
 class EmbedderState:
     settings: EmbedderSettings
-    backend: InstrumentedBackend
+    backend: InstrumentedBackend  # the real encoder, measured (texts_encoded counts what reached the model)
+    encoder: CoalescingEncoder  # what the cache calls: concurrent requests' misses batched together
     cache: EmbeddingCache
     gate: AdmissionGate
     metrics: EmbedderMetrics
@@ -25,6 +27,9 @@ class EmbedderState:
     def build(cls, settings: EmbedderSettings) -> "EmbedderState":
         metrics = EmbedderMetrics.create()
         backend = InstrumentedBackend(build_encoder(settings), metrics)
+        # A local model computes one batch at a time; vLLM takes several requests at once.
+        concurrency = settings.vllm_max_concurrency if settings.backend == "vllm" else 1
+        encoder = CoalescingEncoder(backend, window_ms=settings.coalesce_window_ms, max_concurrency=concurrency)
         redis = None
         if settings.redis_url:
             redis = RedisTier(settings.redis_url, maxmemory=settings.redis_maxmemory or None,
@@ -32,9 +37,9 @@ class EmbedderState:
         disk = DiskTier(settings.disk_cache_dir, map_size=int(settings.disk_cache_map_size_gb * 2**30))
         cache = EmbeddingCache(redis=redis, disk=disk, store_dtype=settings.cache_dtype,
                                redis_ttl_s=settings.redis_ttl_s or None, registry=metrics.registry)
-        return cls(settings=settings, backend=backend, cache=cache,
+        return cls(settings=settings, backend=backend, encoder=encoder, cache=cache,
                    gate=AdmissionGate(settings.max_in_flight_requests), metrics=metrics)
 
     async def aclose(self) -> None:
         await self.cache.aclose()
-        await self.backend.aclose()
+        await self.encoder.aclose()
