@@ -1,0 +1,237 @@
+"""``make demo``: the whole system on one laptop, through its HTTP APIs.
+
+1. Starts a private Redis, the embedder (local all-MiniLM-L6-v2), the
+   trainer API with two workers, and clm-serve watching the checkpoint root;
+   logs go to ``<workdir>/logs``.
+2. Runs, through ``POST /jobs``: InfoNCE initial heads -> eval -> SFT -> RL,
+   following each job's events with a progress display.
+3. Prints the before/after table and the HTML report's path, shows clm-serve
+   picking up each published version, and answers one ``/v1/systemone``.
+4. Stops everything it started (also on Ctrl-C). Data, caches and
+   checkpoints stay in ``<workdir>``: a second run embeds 0 texts.
+
+The last line printed is one JSON object (jobs, versions, texts embedded,
+report path).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from clm.devstack import Service, start_embedder, start_serve, start_trainer_api, start_trainer_worker
+from clm.procs import ManagedProcess, start_redis
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+HEADS_NAME = "soc-triage"
+console = Console(stderr=True)
+
+
+def version_number(label: str | None) -> int | None:
+    return None if not label else int(str(label).lstrip("v"))
+
+
+class Demo:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.work = args.workdir.resolve()
+        self.logs = self.work / "logs"
+        self.processes: list[ManagedProcess] = []
+        self.services: dict[str, Service] = {}
+
+    # ---- the stack -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        console.rule("[bold]starting the stack")
+        redis_process, redis_url = start_redis(self.work / "redis", appendonly=True)
+        self.processes.append(redis_process)
+        console.print(f"redis        {redis_url}")
+        self.services["embedder"] = start_embedder(
+            self.logs, cache_dir=self.work / "cache" / "embedder", redis_url=redis_url, model="minilm")
+        console.print(f"embedder     {self.services['embedder'].url}  (all-MiniLM-L6-v2, local backend)")
+        trainer_paths = dict(redis_url=redis_url.replace("/0", "/1"), embedder_url=self.services["embedder"].url,
+                             data_root=self.data_root, checkpoint_root=self.checkpoints,
+                             work_root=self.work / "trainer")
+        self.services["trainer"] = start_trainer_api(self.logs, **trainer_paths)
+        console.print(f"trainer API  {self.services['trainer'].url}")
+        for index in range(2):
+            self.processes.append(start_trainer_worker(self.logs, index=index, **trainer_paths))
+        console.print("workers      2")
+        self.services["serve"] = start_serve(self.logs, checkpoint_root=self.checkpoints, heads_name=HEADS_NAME,
+                                             embedder_url=self.services["embedder"].url,
+                                             extra_env={"CLM_SERVE_POLL_INTERVAL_S": "0.5"})
+        console.print(f"clm-serve    {self.services['serve'].url}  (watching {self.checkpoints / HEADS_NAME})")
+        console.print(f"logs         {self.logs}")
+
+    def stop(self) -> None:
+        for service in reversed(list(self.services.values())):
+            service.stop()
+        for process in reversed(self.processes):
+            process.stop()
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.work / "checkpoints"
+
+    @property
+    def data_root(self) -> Path:
+        return self.args.data.resolve().parent
+
+    # ---- jobs ----------------------------------------------------------------------------
+
+    def config(self, changes: dict[str, object] | None = None) -> dict:
+        """The demo's recipe config, with ``{"section.key": value}`` changes (like ``clm train --a.b v``)."""
+        data = self.args.data.resolve()
+        config = {
+            "mode": "train",
+            "data": {split: str(data / f"{split}.jsonl") for split in ("train", "validation", "test")},
+            "encoder": {"backend": "embedder", "batch_size": 128, "concurrency": 2},
+            "heads": {"config": {"proj_dim": 256, "kind": "linear"}, "seed": 0},
+            "loss": {"mode": "sft", "label_smoothing": 0.05, "brier_weight": 0.25, "ordinal_weight": 0.5,
+                     "kl_coef": 0.05, "anchor_weight": 0.1},
+            "train": {"epochs": self.args.epochs, "batch_size": 32, "lr": 3e-3, "seed": 0, "eval_metric": "nll"},
+            "output": {"name": HEADS_NAME, "publish": True},
+        }
+        for dotted, value in (changes or {}).items():
+            *sections, key = dotted.split(".")
+            target = config
+            for section in sections:
+                target = target.setdefault(section, {})
+            target[key] = value
+        return config
+
+    def run_job(self, name: str, config: dict) -> dict:
+        trainer = self.services["trainer"].url
+        response = httpx.post(f"{trainer}/jobs", json={"config": config, "name": name},
+                              headers={"Idempotency-Key": f"demo-{name}-{time.time_ns()}"}, timeout=30)
+        if response.status_code != 201:
+            raise RuntimeError(f"job {name} was refused: {response.status_code} {response.text}")
+        job = response.json()
+        with Progress(TextColumn(f"[bold]{name:<8}"), TextColumn("{task.fields[phase]:<10}"), BarColumn(),
+                      MofNCompleteColumn(), TextColumn("{task.fields[note]}"), TimeElapsedColumn(),
+                      console=console, transient=False) as progress:
+            task = progress.add_task(name, total=None, phase="queued", note="")
+            with httpx.stream("GET", f"{trainer}/jobs/{job['id']}/events", params={"follow": "true"},
+                              timeout=httpx.Timeout(30, read=None)) as stream:
+                for line in stream.iter_lines():
+                    if not line.strip():
+                        continue
+                    event = json.loads(line)
+                    kind = event.get("type")
+                    if kind == "progress":
+                        counters = event.get("counters") or {}
+                        note = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                        for k, v in counters.items() if k in ("epoch", "loss", "texts_embedded"))
+                        progress.update(task, phase=event.get("phase", ""), completed=event.get("done", 0),
+                                        total=event.get("total") or None, note=note)
+                    elif kind in ("succeeded", "failed", "cancelled"):
+                        progress.update(task, phase=kind)
+        job = httpx.get(f"{trainer}/jobs/{job['id']}", timeout=30).json()
+        if job["status"] != "succeeded":
+            raise RuntimeError(f"job {name} {job['status']}: {job.get('error')}")
+        return job
+
+    def wait_served(self, version: int) -> int:
+        """Poll clm-serve until it serves ``version`` (hot reload), return the served version."""
+        serve = self.services["serve"].url
+        deadline = time.monotonic() + 60
+        served = None
+        while time.monotonic() < deadline:
+            served = version_number(httpx.get(f"{serve}/v1/heads", timeout=10).json().get("version"))
+            if served is not None and served >= version:
+                console.print(f"clm-serve    now serves [bold]v{served:04d}[/bold]")
+                return served
+            time.sleep(0.25)
+        raise RuntimeError(f"clm-serve did not pick up v{version:04d} within 60 s (serving {served})")
+
+    # ---- the story -----------------------------------------------------------------------
+
+    def run(self) -> dict:
+        self.start()
+        jobs: dict[str, str] = {}
+        console.rule("[bold]post-training through the jobs API")
+        infonce = self.run_job("infonce", self.config({"loss.mode": "infonce"}))
+        jobs["infonce"] = infonce["status"]
+        self.wait_served(version_number(infonce["result"]["checkpoint"]["version"]))
+        init = infonce["result"]["checkpoint"]["path"]
+        jobs["eval"] = self.run_job("eval", self.config({"mode": "eval", "heads.init_checkpoint": init}))["status"]
+        sft = self.run_job("sft", self.config({"heads.init_checkpoint": init}))
+        jobs["sft"] = sft["status"]
+        self.wait_served(version_number(sft["result"]["checkpoint"]["version"]))
+        rl = self.run_job("rl", self.config({"heads.init_checkpoint": sft["result"]["checkpoint"]["path"],
+                                             "loss.mode": "rl", "train.eval_metric": "expected_reward"}))
+        jobs["rl"] = rl["status"]
+        latest = version_number(rl["result"]["checkpoint"]["version"])
+        served = self.wait_served(latest)
+
+        console.rule("[bold]before / after")
+        self.print_report("sft (from InfoNCE heads)", sft)
+        self.print_report("rl (from SFT heads)", rl)
+        report_html = str(Path(rl["result"]["report"]).with_suffix(".html"))
+        console.print(f"HTML report: {report_html}")
+
+        console.rule("[bold]one /v1/systemone answer from the latest heads")
+        self.ask_serve()
+        stats = httpx.get(f"{self.services['embedder'].url}/v1/cache/stats", timeout=10).json()
+        heads = httpx.get(f"{self.services['serve'].url}/v1/heads", timeout=10).json()
+        return {"jobs": jobs, "heads_version_latest": latest, "heads_version_served": version_number(heads["version"]),
+                "texts_embedded": stats["backend_texts_encoded"], "report": report_html}
+
+    def print_report(self, title: str, job: dict) -> None:
+        report = httpx.get(f"{self.services['trainer'].url}/jobs/{job['id']}/report", timeout=30).json()
+        table = Table(title=title)
+        for column in ("split", "metric", "before", "after"):
+            table.add_column(column)
+        for split in ("validation", "test"):
+            before = ((report.get("before") or {}).get(split) or {}).get("overall") or {}
+            after = ((report.get("after") or {}).get(split) or {}).get("overall") or {}
+            for metric in ("accuracy", "nll", "brier", "ece", "rps", "expected_reward"):
+                b, a = before.get(metric), after.get(metric)
+                table.add_row(split, metric, "-" if b is None else f"{b:.4f}", "-" if a is None else f"{a:.4f}")
+        console.print(table)
+
+    def ask_serve(self) -> None:
+        record = json.loads((self.args.data / "test.jsonl").read_text().splitlines()[0])
+        request = {"state": record["state"], "questions": record["questions"], "request_id": "demo-1"}
+        response = httpx.post(f"{self.services['serve'].url}/v1/systemone", json=request, timeout=60)
+        response.raise_for_status()
+        console.print_json(json.dumps({"request": {"state": record["state"]}, "gold": record.get("answers"),
+                                       "heads_version": response.headers.get("x-clm-heads-version"),
+                                       "answers": response.json()["answers"]}))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run the whole CLM heads system end to end on this machine.")
+    parser.add_argument("--workdir", type=Path, default=REPO_ROOT / "var" / "demo",
+                        help="data, caches, checkpoints and logs (kept between runs)")
+    parser.add_argument("--data", type=Path, default=REPO_ROOT / "examples" / "data" / "soc_triage",
+                        help="folder with train/validation/test.jsonl SystemOne records")
+    parser.add_argument("--epochs", type=int, default=6)
+    args = parser.parse_args(argv)
+    demo = Demo(args)
+    # Ctrl-C or SIGTERM: raise into the main flow so `finally` stops every process we started.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    started = time.monotonic()
+    try:
+        summary = demo.run()
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted: stopping everything")
+        return 130
+    finally:
+        demo.stop()
+    console.print(f"done in {time.monotonic() - started:.0f} s; a second run reuses every embedding")
+    print(json.dumps(summary), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
