@@ -87,7 +87,10 @@ def run_epochs(
     on_epoch_end: Callable[[EpochReport], None] | None = None,
 ) -> LoopOutcome:
     """Train ``heads`` in place for ``config.epochs``; returns the best validated weights (a copy)."""
-    optimizer = torch.optim.AdamW(heads.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    # fused: one kernel over all parameters instead of ~10 passes over 80 MB of weights, grads and
+    # moments; it halves the SFT step at 4096-d heads on CPU (bench/bench_trainer.py) and is
+    # deterministic, so the same config still gives the same bytes.
+    optimizer = torch.optim.AdamW(heads.parameters(), lr=config.lr, weight_decay=config.weight_decay, fused=True)
     shuffle = torch.Generator().manual_seed(config.seed)
     best_state: dict[str, torch.Tensor] | None = None
     best_value: float | None = None

@@ -1,0 +1,46 @@
+"""`make demo` end to end, twice: real Redis, embedder, trainer API + 2 workers, clm-serve, MiniLM.
+
+The second run on the same work folder must embed 0 texts (every vector comes
+from the caches) while still training, publishing and serving new versions.
+A smaller generated data set keeps the test at a few minutes on 2 cores; the
+code path is the demo's own.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from clm.synthetic import write_soc_triage_splits
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_demo(workdir: Path, data: Path) -> dict:
+    result = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "scripts" / "demo.py"), "--workdir", str(workdir), "--data", str(data),
+         "--epochs", "2"],
+        capture_output=True, text=True, timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_demo_runs_end_to_end_and_a_second_run_embeds_nothing(tmp_path):
+    data = tmp_path / "data" / "soc_triage"
+    write_soc_triage_splits(data, {"train": 120, "validation": 40, "test": 40}, seed=3)
+    first = run_demo(tmp_path / "work", data)
+    assert first["jobs"] == {"infonce": "succeeded", "eval": "succeeded", "sft": "succeeded", "rl": "succeeded"}
+    assert first["heads_version_latest"] == 3 and first["heads_version_served"] == 3
+    assert first["texts_embedded"] > 0
+    assert Path(first["report"]).is_file()
+
+    second = run_demo(tmp_path / "work", data)
+    assert all(status == "succeeded" for status in second["jobs"].values())
+    assert second["texts_embedded"] == 0
+    assert second["heads_version_latest"] == second["heads_version_served"] == 6
+    # Every process the demo started is gone: its ports are closed, its PIDs reaped (stopped by PID).
+    leftover = subprocess.run(["pgrep", "-f", str(tmp_path / "work")], capture_output=True, text=True)
+    assert leftover.stdout.strip() == "", leftover.stdout
