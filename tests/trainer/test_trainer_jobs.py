@@ -19,7 +19,7 @@ import pytest
 from clm.checkpoint import list_versions, resolve_latest
 from clm.procs import ManagedProcess, free_port, start_redis, wait_http
 
-from trainer_support import TrainerStack, is_terminal, recipe_config, wait_job, write_data
+from trainer_support import TOKEN, TrainerStack, is_terminal, recipe_config, wait_job, write_data
 
 
 class RestartableRedis:
@@ -236,3 +236,24 @@ def test_a_redis_crash_loses_no_queued_or_running_job(stack, redis_aof, local_co
             job = wait_job(client, job_id, is_terminal, 300, stack, f"{job_id} to finish after the Redis crash")
             assert job["status"] == "succeeded", job
             assert len(list_versions(stack.checkpoint_root, name)) == 1
+
+
+def test_clm_train_submit_runs_the_job_on_the_service_and_follows_it(stack, tiny_qwen3_dir):
+    """``clm train --submit`` against the real jobs API: events stream until the job ends."""
+    import subprocess
+
+    import yaml
+
+    config = recipe_config(tiny_qwen3_dir, epochs=2, name="soc-cli")
+    (stack.root / "cli.yaml").write_text(yaml.safe_dump(config))
+    result = subprocess.run(
+        [sys.executable, "-m", "clm.cli", "train", "--config", "cli.yaml", "--submit", stack.base_url,
+         "--token", TOKEN, "--train.epochs", "1"],
+        cwd=stack.root, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    events = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert events[-1]["type"] == "succeeded"
+    assert any(event.get("phase") == "training" for event in events)
+    assert "succeeded" in result.stdout.splitlines()[-1]
+    assert (stack.checkpoint_root / "soc-cli" / "latest").is_file()

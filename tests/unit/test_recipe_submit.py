@@ -61,7 +61,7 @@ def serve(jobs: FakeJobs):
         def do_GET(self):
             if not self._authorised():
                 return
-            if self.path == "/jobs/job-1/events":
+            if self.path == "/jobs/job-1/events?follow=true":
                 data = "".join(json.dumps(event) + "\n" for event in EVENTS).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/x-ndjson")
@@ -124,6 +124,9 @@ def test_cli_submit_sends_the_resolved_config_and_exits_by_job_status(jobs_serve
     config = jobs.submitted[0]["config"]
     assert config["loss"]["mode"] == "rl" and config["train"]["epochs"] == 2
     assert config["data"]["train"] == "examples/data/soc_triage/train.jsonl"
+    # Locations the service owns are not sent: a local default means nothing there.
+    assert "cache" not in config and "checkpoint_root" not in config["output"]
+    assert "report_dir" not in config["output"]
     out = capsys.readouterr().out
     assert '"phase": "training"' in out and "job job-1: succeeded" in out
 

@@ -108,7 +108,7 @@ def _fmt(value: Any) -> str:
 
 
 def _submit(args: argparse.Namespace, config: dict[str, Any]) -> int:
-    from clm.recipes.submit import TERMINAL_STATUSES, JobSubmitError, submit_and_follow
+    from clm.recipes.submit import TERMINAL_STATUSES, JobSubmitError, service_config, submit_and_follow
 
     token = args.token or os.environ.get(TOKEN_ENV)
 
@@ -116,7 +116,7 @@ def _submit(args: argparse.Namespace, config: dict[str, Any]) -> int:
         print(json.dumps(event, sort_keys=True), flush=True)
 
     try:
-        job = submit_and_follow(args.submit, config, token, show)
+        job = submit_and_follow(args.submit, service_config(config), token, show)
     except JobSubmitError as error:
         print(f"clm train: {error}", file=sys.stderr)
         return EXIT_FAILED
