@@ -33,9 +33,17 @@ class APIError(Exception):
         self.err_type = err_type or _TYPES.get(status, "InternalServerError" if status >= 500 else "BadRequestError")
 
 
+def _printable(text: str | None) -> str | None:
+    """``text`` encodable as UTF-8: messages quote client input, which may hold lone surrogates
+    (JSON ``\\ud800`` escapes); left as is, they would turn the error response itself into a 500."""
+    if text is None:
+        return None
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def error_body(status: int, message: str, param: str | None = None, err_type: str | None = None) -> dict:
-    return {"error": {"message": message, "type": err_type or _TYPES.get(status, "InternalServerError"),
-                      "param": param, "code": status}}
+    return {"error": {"message": _printable(message), "type": err_type or _TYPES.get(status, "InternalServerError"),
+                      "param": _printable(param), "code": status}}
 
 
 def error_response(status: int, message: str, *, param: str | None = None, headers: dict[str, str] | None = None,

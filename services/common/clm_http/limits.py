@@ -33,18 +33,26 @@ class BodySizeLimitMiddleware:
                     return await self._refuse(send, 413, self._message(declared))
         received = 0
         response_started = False
+        refused = False
 
         async def limited_receive():
-            nonlocal received
+            nonlocal received, refused
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_body_bytes:
+                    # Answer 413 here, before raising: the app's body parser may catch the exception and
+                    # answer something else (FastAPI turns any read error into "error parsing the body").
+                    if not response_started and not refused:
+                        refused = True
+                        await self._refuse(send, 413, self._message(received))
                     raise BodyTooLarge()
             return message
 
         async def tracking_send(message):
             nonlocal response_started
+            if refused:
+                return  # the 413 went out already; whatever the app answers to the cut-off body is dropped
             if message["type"] == "http.response.start":
                 response_started = True
             await send(message)
@@ -52,7 +60,7 @@ class BodySizeLimitMiddleware:
         try:
             await self.app(scope, limited_receive, tracking_send)
         except BodyTooLarge:
-            if not response_started:
+            if not response_started and not refused:
                 await self._refuse(send, 413, self._message(received))
 
     def _message(self, size: int) -> str:

@@ -42,6 +42,11 @@ def _check_request(body: EmbeddingRequest, state: EmbedderState) -> list[str]:
         if len(text) > settings.max_chars_per_input:
             raise APIError(413, f"input {index} has {len(text)} characters; the limit is "
                                 f"{settings.max_chars_per_input}", param=f"input.{index}")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as error:  # a JSON "\ud800" escape: no tokenizer and no cache key takes it
+            raise APIError(400, f"input {index} is not valid Unicode (unpaired surrogate at position "
+                                f"{error.start})", param=f"input.{index}") from None
     return texts
 
 

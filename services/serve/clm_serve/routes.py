@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -17,6 +19,9 @@ HEADS_VERSION_HEADER = "X-CLM-Heads-Version"
 
 router = APIRouter()
 
+# A value h11 accepts in a response header: visible ASCII, inner spaces, no control characters.
+_HEADER_VALUE = re.compile(r"^[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?$")
+
 _ERRORS = {status: {"model": ErrorResponse} for status in (400, 404, 413, 503)}
 
 
@@ -30,10 +35,13 @@ async def create_structured_decision(body: StructuredDecisionRequest, raw_reques
     ``X-CLM-Heads-Version`` header and in the body's ``system_fingerprint``."""
     serving: ServingStructuredDecisions = raw_request.app.state.serving
     response, heads = await serving.create_decision(body, raw_request)
-    return JSONResponse(
-        content=response.model_dump(),
-        headers={HEADS_VERSION_HEADER: heads.version, "X-Request-Id": response.id.removeprefix("decision-")},
-    )
+    headers = {HEADS_VERSION_HEADER: heads.version}
+    request_id = response.id.removeprefix("decision-")
+    # The body's request_id is any string; one that cannot be a header value (CR/LF, control or
+    # non-ASCII characters) stays in the body only, instead of breaking the response.
+    if _HEADER_VALUE.match(request_id):
+        headers["X-Request-Id"] = request_id
+    return JSONResponse(content=response.model_dump(), headers=headers)
 
 
 @router.get("/v1/heads")

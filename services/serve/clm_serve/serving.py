@@ -78,6 +78,23 @@ def render_state_texts(request: StructuredDecisionRequest, questions: list[Quest
     return [state_text(rendered, q.id, q.instructions or None, context) for q in questions]
 
 
+def check_encodable(request: StructuredDecisionRequest, questions: list[Question], state_texts: list[str]) -> None:
+    """Every text the encoder reads or the response echoes must be valid Unicode: JSON's ``\\ud800``
+    escapes decode to lone surrogates, which no tokenizer (and no UTF-8 response body) can take."""
+    values = [(request.request_id, "request_id")]
+    for question, text in zip(questions, state_texts):
+        values += [(question.id, "questions"), (text, f"questions.{question.id}")]
+        values += [(option, f"questions.{question.id}.criteria") for option in question.option_texts]
+    for value, param in values:
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as error:
+            where = param.encode("utf-8", "backslashreplace").decode("utf-8")
+            raise StructuredDecisionError(
+                f"{where}: text is not valid Unicode (unpaired surrogate at position {error.start})", param=where
+            ) from None
+
+
 class ServingStructuredDecisions:
     def __init__(self, runtime: ServeRuntime) -> None:
         self.runtime = runtime
@@ -101,6 +118,7 @@ class ServingStructuredDecisions:
             )
             check_media(request)
             texts = render_state_texts(request, questions, self.settings.max_state_chars)
+            check_encodable(request, questions, texts)
         except StructuredDecisionError as error:
             raise APIError(400, str(error), param=error.param) from None
 

@@ -30,6 +30,7 @@ runs, so a symlink swapped in after submit is still caught):
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 from typing import Any
 
@@ -83,10 +84,50 @@ def _validate(raw: dict[str, Any]) -> RecipeConfig:
         raise JobConfigError(str(error), key=_first_key(str(error)), status=422) from None
 
 
+# A recipe config nests a few levels (section -> key -> list/dict); anything far deeper is hostile, and
+# copying or validating it recursively would end in a RecursionError (a 500) instead of a refusal.
+MAX_CONFIG_DEPTH = 32
+
+
+def _check_json(raw: dict[str, Any]) -> None:
+    """Refuse a config nested deeper than ``MAX_CONFIG_DEPTH``, holding NaN/Infinity, or holding text that is
+    not valid Unicode (JSON ``\\ud800`` escapes decode to lone surrogates, which no path, log or Redis value
+    can hold).
+    Iterative, so hostile input cannot exhaust the stack here."""
+    stack: list[tuple[Any, int, str]] = [(raw, 1, "config")]
+    while stack:
+        item, depth, where = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > MAX_CONFIG_DEPTH:
+                raise JobConfigError(f"config nests deeper than {MAX_CONFIG_DEPTH} levels; a recipe config "
+                                     "never does", key="config", status=422)
+            pairs = item.items() if isinstance(item, dict) else enumerate(item)
+            for key, child in pairs:
+                if isinstance(key, str):
+                    _check_text(key, where)
+                stack.append((child, depth + 1, f"{where}.{key}" if isinstance(item, dict) else where))
+        elif isinstance(item, str):
+            _check_text(item, where)
+        elif isinstance(item, float) and not math.isfinite(item):
+            # JSON's NaN/Infinity extensions: pydantic would store them as null (an Infinity lr passes gt=0).
+            raise JobConfigError(f"{where.removeprefix('config.')}: {item} is not a finite number",
+                                 key=where.removeprefix("config."), status=422)
+
+
+def _check_text(text: str, where: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        key = where.removeprefix("config.").encode("utf-8", "backslashreplace").decode("utf-8")
+        raise JobConfigError(f"{key}: text is not valid Unicode (unpaired surrogate at position {error.start})",
+                             key=key, status=422) from None
+
+
 def prepare_config(raw: Any, settings: TrainerSettings, job_id: str) -> dict[str, Any]:
     """The effective, confined config of job ``job_id`` as plain JSON values (raises ``JobConfigError``)."""
     if not isinstance(raw, dict):
         raise JobConfigError("config must be a JSON object of recipe sections", key="config", status=422)
+    _check_json(raw)
     raw = copy.deepcopy(raw)
     encoder = raw.get("encoder")
     if isinstance(encoder, dict) and encoder.get("backend") == "embedder":

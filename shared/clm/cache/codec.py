@@ -134,5 +134,9 @@ def decode_vector(blob: bytes | bytearray | memoryview, expected_dim: int) -> np
     actual = zlib.crc32(payload, zlib.crc32(memoryview(data)[:_CHECKSUMMED_HEADER_BYTES]))
     if actual != checksum:
         raise CorruptEntry(f"checksum mismatch (stored {checksum:#010x}, computed {actual:#010x})")
-    return np.frombuffer(payload, dtype=np_dtype).astype(np.float32)
+    vector = np.frombuffer(payload, dtype=np_dtype).astype(np.float32)
+    if not np.isfinite(vector).all():
+        # A well-formed entry can still hold NaN/Inf (a writer bug, a hostile value): never serve it.
+        raise CorruptEntry("vector holds non-finite values")
+    return vector
 

@@ -1,0 +1,205 @@
+"""Auth with tokens configured: every mutating route refuses a missing or wrong token, and no token leaks.
+
+The mutating routes are taken from each service's own OpenAPI schema (every
+POST/PUT/PATCH/DELETE), so a route added later is covered without editing
+this file. Exempt by design: clm-serve's ``POST /v1/systemone`` and the
+embedder's ``POST /v1/embeddings`` (inference, no state change; the embedder
+has no token setting). Then a real job runs to the end on a real worker and
+clm-serve reloads with the admin token, and the tokens are searched for in
+every log file, job object, event, report, Redis value and checkpoint file.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from clm.devstack import start_serve
+from clm.encoders.model_identity import fingerprint_for_model_dir
+from clm.procs import start_redis, wait_http
+
+TESTS = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(TESTS / "serve"), str(TESTS / "trainer")]
+from serve_support import HEADS_NAME, MAX_TOKENS, publish  # noqa: E402
+from trainer_support import TrainerStack, is_terminal, recipe_config, wait_job, write_data  # noqa: E402
+
+TRAINER_TOKEN = "auth-trainer-token-6e0b2d91"
+ADMIN_TOKEN = "auth-admin-token-a47c3f08"
+EXEMPT = {("POST", "/v1/systemone"), ("POST", "/v1/embeddings")}
+MUTATING = {"post", "put", "patch", "delete"}
+
+
+def _mutating_routes(base_url: str) -> list[tuple[str, str]]:
+    schema = httpx.get(f"{base_url}/openapi.json", timeout=10).json()
+    routes = [(method.upper(), path) for path, item in schema["paths"].items() for method in item
+              if method in MUTATING and (method.upper(), path) not in EXEMPT]
+    assert routes, f"{base_url} has no mutating routes?"
+    return routes
+
+
+def _attempts(token: str) -> dict[str, tuple[dict[str, str], int]]:
+    """Ways to present no or a wrong credential, with the status each must get."""
+    return {
+        "no Authorization header": ({}, 401),
+        "bearer without a token": ({"Authorization": "Bearer"}, 401),
+        "wrong token": ({"Authorization": "Bearer wrong-token"}, 403),
+        "token with a suffix": ({"Authorization": f"Bearer {token}x"}, 403),
+        "token prefix only": ({"Authorization": f"Bearer {token[:-1]}"}, 403),
+        "Basic scheme with the token": ({"Authorization": f"Basic {token}"}, 401),
+        "token without a scheme": ({"Authorization": token}, 401),
+        "token in another header": ({"X-Api-Key": token}, 401),
+    }
+
+
+@pytest.fixture(scope="module")
+def services(tmp_path_factory, tiny_qwen3_dir):
+    root = tmp_path_factory.mktemp("auth")
+    redis_process, redis_url = start_redis(root / "redis")
+    write_data(root / "data", train=24, validation=12, test=8)
+    for folder in ("var/checkpoints", "var/trainer", "logs"):
+        (root / folder).mkdir(parents=True, exist_ok=True)
+    trainer = TrainerStack(root, redis_url, tiny_qwen3_dir.parent,
+                           extra_env={"CLM_TRAINER_API_TOKEN": TRAINER_TOKEN})
+    serve = None
+    try:
+        trainer.start_api()
+        fingerprint = fingerprint_for_model_dir(tiny_qwen3_dir, pooling="last", normalize=True, dtype="float32",
+                                                max_tokens=MAX_TOKENS, model_name=tiny_qwen3_dir.name)
+        publish(root / "serve-checkpoints", 1, fingerprint)
+        serve = start_serve(root / "logs", checkpoint_root=root / "serve-checkpoints", heads_name=HEADS_NAME,
+                            extra_env={"CLM_SERVE_ENCODER_MODEL": str(tiny_qwen3_dir),
+                                       "CLM_SERVE_ENCODER_MAX_TOKENS": str(MAX_TOKENS),
+                                       "CLM_SERVE_ADMIN_TOKEN": ADMIN_TOKEN, "CLM_SERVE_LOG_LEVEL": "debug"})
+        wait_http(serve.process, f"{serve.url}/health", timeout=120)
+        yield {"root": root, "redis_url": redis_url, "trainer": trainer, "serve": serve, "model": tiny_qwen3_dir}
+    finally:
+        if serve is not None:
+            serve.stop()
+        trainer.stop()
+        redis_process.stop()
+
+
+def test_mutating_routes_refuse_missing_and_wrong_tokens(fault_report, services):
+    """Auth: every mutating route of the trainer API and clm-serve without or with a wrong token gets 401/403."""
+    trainer, serve = services["trainer"], services["serve"]
+    with trainer.client(token=TRAINER_TOKEN) as authorized:
+        job = authorized.post("/jobs", json={"config": recipe_config(services["model"], epochs=1)})
+        assert job.status_code == 201, job.text
+        job_id = job.json()["id"]
+        jobs_before = len(authorized.get("/jobs", params={"limit": 100}).json()["data"])
+    targets = [(trainer.base_url, TRAINER_TOKEN, route) for route in _mutating_routes(trainer.base_url)]
+    targets += [(serve.url, ADMIN_TOKEN, route) for route in _mutating_routes(serve.url)]
+    outcomes: list[tuple[str, str, int, int]] = []
+    with httpx.Client(timeout=30) as client:
+        for base_url, token, (method, path) in targets:
+            url = base_url + path.replace("{job_id}", job_id)
+            body = {"config": recipe_config(services["model"], epochs=1)} if path == "/jobs" else None
+            for attempt, (headers, expected) in _attempts(token).items():
+                response = client.request(method, url, json=body, headers=headers)
+                outcomes.append((f"{method} {path}", attempt, expected, response.status_code))
+                assert response.status_code == expected, (method, path, attempt, response.text)
+                assert response.json()["error"]["code"] == expected
+                assert token not in response.text  # a refusal never echoes a credential
+                if expected == 401:
+                    assert response.headers.get("www-authenticate") == "Bearer", (path, attempt)
+            # The right token passes the gate (the route's own answer, not 401/403).
+            allowed = client.request(method, url, json=body, headers={"Authorization": f"Bearer {token}"})
+            assert allowed.status_code not in (401, 403), (method, path, allowed.text)
+            outcomes.append((f"{method} {path}", "correct token", 0, allowed.status_code))
+    with trainer.client(token=TRAINER_TOKEN) as authorized:
+        # Refused requests changed nothing: the only new job is the authorized POST's, the first one was
+        # cancelled by the authorized cancel only.
+        jobs_after = authorized.get("/jobs", params={"limit": 100}).json()["data"]
+        assert len(jobs_after) == jobs_before + 1
+        assert authorized.get(f"/jobs/{job_id}").json()["status"] == "cancelled"
+        for leftover in jobs_after:  # the authorized POST's job: not for the worker of the next test
+            if leftover["status"] == "queued":
+                assert authorized.post(f"/jobs/{leftover['id']}/cancel").status_code == 200
+    routes = sorted({route for route, *_ in outcomes})
+    refused = [o for o in outcomes if o[2]]
+    fault_report.check("mutating routes", ", ".join(routes))
+    fault_report.check("unauthorized attempts", len(refused))
+    fault_report.check("401", sum(o[3] == 401 for o in refused))
+    fault_report.check("403", sum(o[3] == 403 for o in refused))
+    fault_report.check("let through", sum(o[3] not in (401, 403) for o in refused))
+
+
+def _redis_values(url: str) -> list[bytes]:
+    client = redis.Redis.from_url(url)
+    values = []
+    for key in client.scan_iter(count=500):
+        kind = client.type(key)
+        if kind == b"string":
+            values.append(client.get(key) or b"")
+        elif kind == b"hash":
+            values += [k + b"=" + v for k, v in client.hgetall(key).items()]
+        elif kind == b"list":
+            values += client.lrange(key, 0, -1)
+        elif kind == b"zset":
+            values += [member for member, _ in client.zrange(key, 0, -1, withscores=True)]
+        elif kind == b"stream":
+            values += [json.dumps({k.decode(): v.decode() for k, v in fields.items()}).encode()
+                       for _, fields in client.xrange(key)]
+        values.append(key)
+    return values
+
+
+def test_tokens_never_appear_in_logs_jobs_events_or_files(fault_report, services):
+    """Auth: with tokens configured, a full job and an admin reload leave no token in logs, jobs, events or files."""
+    trainer, serve, root = services["trainer"], services["serve"], services["root"]
+    trainer.start_worker("auth-worker")
+    with trainer.client(token=TRAINER_TOKEN) as client:
+        submitted = client.post("/jobs", json={"config": recipe_config(services["model"], epochs=1),
+                                               "name": "auth check"}, headers={"Idempotency-Key": "auth-1"})
+        assert submitted.status_code == 201, submitted.text
+        job_id = submitted.json()["id"]
+        job = wait_job(client, job_id, is_terminal, timeout=240, stack=trainer, what="the job to finish")
+        assert job["status"] == "succeeded", job
+        texts = {
+            "job object": client.get(f"/jobs/{job_id}").text,
+            "job list": client.get("/jobs", params={"limit": 100}).text,
+            "events (ndjson)": client.get(f"/jobs/{job_id}/events").text,
+            "events (sse)": client.get(f"/jobs/{job_id}/events", headers={"Accept": "text/event-stream"}).text,
+            "report": client.get(f"/jobs/{job_id}/report").text,
+            "report (html)": client.get(f"/jobs/{job_id}/report", params={"format": "html"}).text,
+        }
+    reload = httpx.post(f"{serve.url}/admin/reload", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=60)
+    assert reload.status_code == 200, reload.text
+    texts["serve /v1/heads"] = httpx.get(f"{serve.url}/v1/heads", timeout=10).text
+    texts["serve /metrics"] = httpx.get(f"{serve.url}/metrics", timeout=10).text
+    time.sleep(0.5)  # let the logs flush
+
+    logs = sorted(p for p in root.rglob("*.log") if p.is_file())
+    files = [p for p in root.rglob("*") if p.is_file() and p.suffix in {".json", ".jsonl", ".log", ".html", ".pt",
+                                                                        ".safetensors", ""} and p.stat().st_size
+             < 50_000_000]
+    leaks = [f"{name}: {token_name}" for name, text in texts.items()
+             for token_name, token in (("trainer", TRAINER_TOKEN), ("admin", ADMIN_TOKEN)) if token in text]
+    for path in files:
+        data = path.read_bytes()
+        for token_name, token in (("trainer", TRAINER_TOKEN), ("admin", ADMIN_TOKEN)):
+            if token.encode() in data:
+                leaks.append(f"{path.relative_to(root)}: {token_name}")
+    redis_values = _redis_values(services["redis_url"])
+    for value in redis_values:
+        for token_name, token in (("trainer", TRAINER_TOKEN), ("admin", ADMIN_TOKEN)):
+            if token.encode() in value:
+                leaks.append(f"redis: {token_name}: {value[:80]!r}")
+    # The logs did record the traffic (so "no token in them" is not vacuous).
+    log_text = "\n".join(p.read_text(errors="replace") for p in logs)
+    assert re.search(r"POST /jobs HTTP/1.1\" 201", log_text) and "/admin/reload" in log_text
+
+    fault_report.check("log files read", len(logs))
+    fault_report.check("files scanned", len(files))
+    fault_report.check("API responses scanned", len(texts))
+    fault_report.check("Redis values scanned", len(redis_values))
+    fault_report.check("job status", job["status"])
+    fault_report.check("token occurrences", len(leaks))
+    assert leaks == [], leaks
