@@ -284,3 +284,34 @@ def test_remote_embedding_through_the_embedder_service_matches_local(base_config
     # float16 transfer vs float32 in-process: the trained heads agree closely, not bit for bit.
     for name, tensor in local_ckpt.state_dict.items():
         torch.testing.assert_close(remote_ckpt.state_dict[name], tensor, atol=5e-2, rtol=5e-2)
+
+
+def test_a_job_starting_while_the_embedder_is_down_waits_for_it(tiny_encoder, tmp_path):
+    """The identity lookup at setup retries (encoder.retry_seconds) instead of failing the job at once."""
+    import threading
+
+    from clm.devstack import start_embedder
+    from clm.procs import free_port
+    from clm.recipes.encoder_setup import EmbedderUnreachable, fetch_remote_identity
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with pytest.raises(EmbedderUnreachable):
+        fetch_remote_identity(url, timeout_s=2, retry_seconds=0)
+    started = {}
+
+    def start_later() -> None:
+        started["service"] = start_embedder(tmp_path / "logs", cache_dir=tmp_path / "cache", model=str(tiny_encoder),
+                                            port=port, extra_env={"CLM_EMBEDDER_POOLING": "last"})
+
+    thread = threading.Thread(target=start_later)
+    thread.start()
+    notices: list[str] = []
+    try:
+        fingerprint, dim = fetch_remote_identity(url, timeout_s=2, retry_seconds=120, on_retry=notices.append)
+    finally:
+        thread.join(timeout=180)
+        if "service" in started:
+            started["service"].stop()
+    assert dim == 128 and fingerprint.pooling == "last"
+    assert notices and "embedder unavailable" in notices[0]

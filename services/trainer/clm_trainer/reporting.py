@@ -2,9 +2,10 @@
 
 A training step can take well under a millisecond on small heads, so writing
 Redis on every step would cost more than the step; counters are written at
-most every ``progress_interval_s`` (and at once on a phase change or the end
-of a phase), while epoch ends and resumes always become events. A Redis
-hiccup here never kills a training run: the write is dropped and logged.
+most every ``progress_interval_s`` (and at once on a phase change, the end
+of a phase or an embedder retry), while epoch ends and resumes always become
+events. A Redis hiccup here never kills a training run: the write is dropped
+and logged.
 """
 
 from __future__ import annotations
@@ -72,7 +73,8 @@ class ProgressReporter:
         self.phase = phase
         phase_end = total > 0 and done >= total
         due = time.monotonic() - self._last_write >= self.interval_s
-        if changed or phase_end or due:
+        retrying = bool(counters.get("retry"))  # a wait for an unavailable embedder is always shown
+        if changed or phase_end or due or retrying:
             event = {"type": "progress", "phase": phase, "done": done, "total": total,
                      "message": item.get("message") or "", "counters": counters}
             self._write(event)

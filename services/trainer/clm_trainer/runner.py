@@ -30,12 +30,12 @@ from typing import Any
 
 import torch
 
-from clm.checkpoint import JSON_FILE, PublishedVersion, list_versions, publish_checkpoint
+from clm.checkpoint import JSON_FILE, PublishedVersion, list_versions
 from clm.recipes.config import build_config
 from clm.recipes.evaluation import ScoredQuestion, summarize
 from clm.recipes.loop import LOOP_STATE_FILE, EpochReport, LoopOutcome
 from clm.recipes.progress import ProgressEvent
-from clm.recipes.train_clm_heads import TrainCLMHeadsRecipe
+from clm.recipes.train_clm_heads import TrainCLMHeadsRecipe, publish_heads
 from clm.heads import CLMHeadPair
 
 logger = logging.getLogger(__name__)
@@ -108,8 +108,8 @@ class _JobRecipe(TrainCLMHeadsRecipe):
                     JOB_ID_METRIC: self._job_id,
                 }
                 parent = None if self.init_checkpoint is None else self.init_checkpoint.sha256
-                version = publish_checkpoint(output.checkpoint_root, output.name, heads.cpu(),
-                                             self.contract.fingerprint, metrics=metrics, parent=parent)
+                version = publish_heads(output.checkpoint_root, output.name, heads.cpu(),
+                                        self.contract.fingerprint, metrics=metrics, parent=parent)
         self.progress(ProgressEvent("publishing", 1, 1, version.label))
         return version
 

@@ -36,6 +36,7 @@ from clm.encoders.base import EncoderError
 from clm.recipes.config import ConfigError
 from clm.recipes.embedding import EmbeddingCacheError
 from clm.recipes.loop import ResumeError
+from clm.recipes.train_clm_heads import DISK_FULL_ERRNOS, PublishError
 from clm.records.errors import RecordError
 
 from .job_config import JobConfigError, prepare_config
@@ -55,6 +56,7 @@ ERROR_CODES: tuple[tuple[type[BaseException], str], ...] = (
     (RecordError, "invalid_records"),
     (EncoderError, "encoder_error"),
     (ResumeError, "resume_error"),
+    (PublishError, "publish_error"),
     (CheckpointError, "checkpoint_error"),
     (EmbeddingCacheError, "cache_error"),
     (OSError, "io_error"),
@@ -62,10 +64,15 @@ ERROR_CODES: tuple[tuple[type[BaseException], str], ...] = (
 
 
 def classify(error: BaseException) -> dict[str, str]:
-    """The job's ``error`` object for an exception: a stable code and the loader's own message."""
+    """The job's ``error`` object for an exception: a stable code and the loader's own message.
+
+    A full filesystem (``ENOSPC``, ``EDQUOT``, ``EFBIG``), wherever it hits, is ``disk_full``.
+    """
     for kind, code in ERROR_CODES:
         if isinstance(error, kind):
             message = getattr(error, "message", None) or str(error) or type(error).__name__
+            if getattr(error, "disk_full", False) or (isinstance(error, OSError) and error.errno in DISK_FULL_ERRNOS):
+                code = "disk_full"
             return {"code": code, "message": message[:MAX_ERROR_CHARS]}
     return {"code": "internal_error", "message": f"{type(error).__name__}: {error}"[:MAX_ERROR_CHARS]}
 

@@ -312,7 +312,10 @@ class EmbeddingCache:
             # Serve exactly what the cache will serve next time (float16-rounded when stored so).
             lookup.resolve(key, decode_vector(blobs[key], lookup.dim))
         self.metrics.prompt_tokens.inc(result.prompt_tokens)
-        await asyncio.gather(self._write_redis(blobs), self._write_disk(blobs))
+        # Durable tier first: a crash between the two writes then leaves a disk-only entry (refilled
+        # into Redis on its next hit), never a Redis-only one that a restart or eviction loses.
+        await self._write_disk(blobs)
+        await self._write_redis(blobs)
         return int(result.prompt_tokens)
 
     # ------------------------------------------------------------------ writes and degradation

@@ -60,7 +60,9 @@ class EncoderConfig(_Section):
 
     ``backend: local`` runs the model in-process (no services needed);
     ``backend: embedder`` calls an OpenAI-compatible ``/v1/embeddings``
-    endpoint at ``embedder_url`` (our embedder service, or vLLM directly).
+    endpoint at ``embedder_url`` (our embedder service, or vLLM directly);
+    while that endpoint is unavailable (restarting, its vLLM down) a run waits
+    and retries each batch with backoff for up to ``retry_seconds`` in total.
     """
 
     backend: Literal["local", "embedder"] = "local"
@@ -76,6 +78,12 @@ class EncoderConfig(_Section):
     batch_size: int = Field(64, gt=0, description="texts per encoder request")
     concurrency: int = Field(4, gt=0, description="encoder requests in flight at once (embedder backend)")
     timeout_s: float = Field(120.0, gt=0)
+    retry_seconds: float = Field(
+        300.0, ge=0,
+        description="embedder backend: total seconds a run keeps retrying an embedding batch while the embedder "
+                    "is unavailable (connection refused, 5xx/503, timeouts), with exponential backoff; every "
+                    "retry is reported as an 'embedding' progress event. 0 = fail at the first outage",
+    )
 
     @model_validator(mode="after")
     def _embedder_needs_url(self) -> "EncoderConfig":

@@ -17,6 +17,14 @@ model or embedder service) for; cache hits are not counted.
 
 A filesystem failure of the cache (unwritable folder, full disk) raises
 ``EmbeddingCacheError`` before any training starts, naming the path.
+
+An unavailable embedder (restarting, or its vLLM down: connection refused,
+503, timeouts) does not fail a run at once: each remote batch is retried with
+exponential backoff for up to ``encoder.retry_seconds`` from its first
+failure (``embed_remote``'s ``retry``), and every retry is announced through
+``on_retry`` (the recipe turns it into an ``embedding`` progress event, so a
+trainer job shows it in its events). Nothing is written to the table for a
+batch that failed; a refused input (``EncoderInputError``) is never retried.
 """
 
 from __future__ import annotations
@@ -25,19 +33,28 @@ import hashlib
 import logging
 import os
 import shutil
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import lmdb
 import numpy as np
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_exponential,
+)
 
 from clm.cache.disk_tier import DiskTier, DiskTierFull
 from clm.cache.redis_tier import RedisTier
 from clm.cache.tiered import EmbeddingCache
 from clm.durable import temp_sibling
 from clm.embedding_table import EmbeddingTable, EmbeddingTableError
-from clm.encoders.base import EncoderBackend
+from clm.encoders.base import EncoderBackend, EncoderError, EncoderInputError
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +65,7 @@ VECTORS_DIR = "vectors"
 _CHUNK_TEXTS = 512
 
 EmbedProgress = Callable[[int, int, int], None]  # (texts done, texts total, texts_embedded so far)
+RetryNotice = Callable[[str, int], None]  # (message, retry number), before each backoff sleep
 
 
 class EmbeddingCacheError(RuntimeError):
@@ -113,6 +131,7 @@ async def build_table(
     """Embed ``texts`` chunk by chunk into a new table at ``path``; returns it and the texts embedded."""
     path.parent.mkdir(parents=True, exist_ok=True)
     embedded = 0
+    progress(0, len(texts), 0)  # the phase starts now (a long first chunk is visible as "embedding")
     with EmbeddingTable.create(path, texts, backend.dim, backend.fingerprint.digest) as writer:
         for start in range(0, len(texts), _CHUNK_TEXTS):
             chunk = list(texts[start : start + _CHUNK_TEXTS])
@@ -147,16 +166,98 @@ async def embed_with_vector_cache(
         await cache.aclose()
 
 
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How long a remote batch is retried while the embedder is unavailable (``encoder.retry_seconds``)."""
+
+    budget_s: float = 300.0  # from the batch's first failure; 0 disables retrying
+    initial_wait_s: float = 1.0
+    max_wait_s: float = 10.0
+
+    def waits(self) -> list[float]:
+        """The backoff schedule that fits in the budget (its length is the most retries there can be)."""
+        waits, total, wait = [], 0.0, self.initial_wait_s
+        while total + wait <= self.budget_s:
+            waits.append(wait)
+            total += wait
+            wait = min(wait * 2, self.max_wait_s)
+        return waits
+
+
+def _outage(error: BaseException) -> bool:
+    return isinstance(error, EncoderError) and not isinstance(error, EncoderInputError)
+
+
+async def encode_with_retry(
+    backend: EncoderBackend, texts: list[str], retry: RetryPolicy, on_retry: RetryNotice | None = None
+) -> np.ndarray:
+    """``backend.encode(texts).vectors``, retried with backoff while the backend is unavailable.
+
+    Gives up with an ``EncoderError`` naming the outage's length and the last
+    error once ``retry.budget_s`` has passed since the first failure.
+    """
+    max_retries = len(retry.waits())
+    if max_retries == 0:
+        return (await backend.encode(texts)).vectors
+
+    def announce(state: RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome is not None else None
+        sleep = state.next_action.sleep if state.next_action is not None else 0.0
+        message = (f"embedder unavailable ({_short_error(error)}); retry {state.attempt_number}/{max_retries} "
+                   f"in {sleep:.3g} s")
+        log.warning("%s", message)
+        if on_retry is not None:
+            on_retry(message, state.attempt_number)
+
+    retrying = AsyncRetrying(
+        stop=stop_after_delay(retry.budget_s) | stop_after_attempt(max_retries + 1),
+        wait=wait_exponential(multiplier=retry.initial_wait_s, min=retry.initial_wait_s, max=retry.max_wait_s),
+        retry=retry_if_exception(_outage),
+        before_sleep=announce,
+        reraise=True,
+    )
+    started = time.monotonic()
+    attempts = 0
+    try:
+        async for attempt in retrying:
+            with attempt:
+                attempts += 1
+                return (await backend.encode(texts)).vectors
+    except EncoderInputError:
+        raise
+    except EncoderError as error:
+        if attempts <= 1:
+            raise
+        raise EncoderError(
+            f"embedder unavailable for {time.monotonic() - started:.0f} s (encoder.retry_seconds="
+            f"{retry.budget_s:g}); gave up after {attempts} attempts on a batch of {len(texts)} texts; "
+            f"last error: {error}"
+        ) from error
+    raise AssertionError("unreachable: tenacity either returns or reraises")
+
+
+def _short_error(error: BaseException | None, limit: int = 300) -> str:
+    text = f"{type(error).__name__}: {error}" if error is not None else "unknown error"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 async def embed_remote(
-    texts: Sequence[str], backend: EncoderBackend, table_path: Path, progress: EmbedProgress
+    texts: Sequence[str],
+    backend: EncoderBackend,
+    table_path: Path,
+    progress: EmbedProgress,
+    retry: RetryPolicy | None = None,
+    on_retry: RetryNotice | None = None,
 ) -> tuple[EmbeddingTable, int]:
     """Embedder path: the client splits each chunk into bounded, concurrent HTTP requests.
 
     Every text is counted as embedded: the embedder's own cache may answer
-    some, but this trainer had to ask for all of them.
+    some, but this trainer had to ask for all of them. ``retry`` (default: no
+    retries) bounds how long a chunk waits for an unavailable embedder.
     """
+    policy = retry or RetryPolicy(budget_s=0.0)
 
     async def encode_chunk(chunk: list[str]) -> tuple[np.ndarray, int]:
-        return (await backend.encode(chunk)).vectors, len(chunk)
+        return await encode_with_retry(backend, chunk, policy, on_retry), len(chunk)
 
     return await build_table(table_path, texts, backend, encode_chunk, progress)

@@ -8,13 +8,18 @@ weights, pooling and template it runs.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from clm.encoders.base import EncoderBackend, EncoderError, EncoderFingerprint
 from clm.encoders.factory import MODEL_ALIASES, resolve_model
 from clm.recipes.config import EncoderConfig
+
+log = logging.getLogger(__name__)
 
 
 def resolve_model_dir(model: str) -> tuple[Path, str]:
@@ -39,15 +44,46 @@ def open_local_encoder(config: EncoderConfig) -> EncoderBackend:
     )
 
 
-def fetch_remote_identity(url: str, timeout_s: float) -> tuple[EncoderFingerprint, int]:
-    """The (fingerprint, dim) an embedder reports at ``GET {url}/v1/encoder``."""
+class EmbedderUnreachable(EncoderError):
+    """The embedder did not answer (connection refused, timeout, 5xx): worth retrying, unlike a bad answer."""
+
+
+def fetch_remote_identity(url: str, timeout_s: float, retry_seconds: float = 0.0,
+                          on_retry: Callable[[str], None] | None = None) -> tuple[EncoderFingerprint, int]:
+    """The (fingerprint, dim) an embedder reports at ``GET {url}/v1/encoder``.
+
+    While the embedder is unreachable the call is retried with backoff for up
+    to ``retry_seconds`` (the same budget as the embedding batches), so a job
+    that starts during an embedder restart waits instead of failing.
+    """
+    if retry_seconds <= 0:
+        return _fetch_identity_once(url, timeout_s)
+
+    def announce(state: RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome is not None else None
+        sleep = state.next_action.sleep if state.next_action is not None else 0.0
+        message = f"embedder unavailable ({error}); retry {state.attempt_number} in {sleep:.3g} s"
+        log.warning("%s", message)
+        if on_retry is not None:
+            on_retry(message)
+
+    retrying = Retrying(stop=stop_after_delay(retry_seconds), wait=wait_exponential(multiplier=1, min=1, max=10),
+                        retry=retry_if_exception_type(EmbedderUnreachable), before_sleep=announce, reraise=True)
+    return retrying(_fetch_identity_once, url, timeout_s)
+
+
+def _fetch_identity_once(url: str, timeout_s: float) -> tuple[EncoderFingerprint, int]:
     endpoint = f"{url.rstrip('/')}/v1/encoder"
     try:
         response = httpx.get(endpoint, timeout=timeout_s)
+        if response.status_code >= 500:
+            raise EmbedderUnreachable(f"the embedder at {endpoint} answered {response.status_code}")
         response.raise_for_status()
         body = response.json()
         fingerprint = EncoderFingerprint.from_dict(body["fingerprint"])
         dim = int(body["dim"])
+    except httpx.TransportError as error:
+        raise EmbedderUnreachable(f"cannot reach the embedder at {endpoint}: {error}") from error
     except httpx.HTTPError as error:
         raise EncoderError(f"cannot ask the embedder at {endpoint} for its encoder: {error}") from error
     except (ValueError, KeyError, TypeError) as error:
@@ -58,11 +94,12 @@ def fetch_remote_identity(url: str, timeout_s: float) -> tuple[EncoderFingerprin
     return fingerprint, dim
 
 
-def open_remote_encoder(config: EncoderConfig) -> EncoderBackend:
+def open_remote_encoder(config: EncoderConfig, on_retry: Callable[[str], None] | None = None) -> EncoderBackend:
+    """A client of the embedder; its identity is asked again (and retried) so a swapped model is caught."""
     from clm.encoders.vllm_client import VLLMEncoder
 
     assert config.embedder_url is not None  # enforced by EncoderConfig
-    fingerprint, dim = fetch_remote_identity(config.embedder_url, config.timeout_s)
+    fingerprint, dim = fetch_remote_identity(config.embedder_url, config.timeout_s, config.retry_seconds, on_retry)
     return VLLMEncoder(
         config.embedder_url, fingerprint=fingerprint, dim=dim, max_batch_texts=config.batch_size,
         max_concurrency=config.concurrency, timeout_s=config.timeout_s,
@@ -70,7 +107,3 @@ def open_remote_encoder(config: EncoderConfig) -> EncoderBackend:
         # float16 halves the transfer and equals what its cache stores.
         openai_strict=True, embed_dtype="float16",
     )
-
-
-def open_encoder(config: EncoderConfig) -> EncoderBackend:
-    return open_local_encoder(config) if config.backend == "local" else open_remote_encoder(config)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import errno
 import hashlib
 import json
 import sys
@@ -68,8 +69,40 @@ EVAL_SPLITS = ("validation", "test")
 # Errors whose message tells the user what to fix in their config, data or checkpoint...
 INPUT_ERRORS: tuple[type[BaseException], ...] = (ConfigError, RecordError, CheckpointError, DecisionError)
 # ...and failures of the run's environment (cache filesystem, encoder, resume state).
+# Errnos that mean "the filesystem is full" (out of space, out of quota, file size limit).
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+class PublishError(RuntimeError):
+    """Writing the checkpoint failed (full disk, read-only or missing volume). Nothing was published:
+    the staging folder is removed and ``latest`` still points at the previous version."""
+
+    def __init__(self, root: Path, name: str, error: OSError) -> None:
+        self.errno = error.errno
+        self.disk_full = error.errno in DISK_FULL_ERRNOS
+        code = errno.errorcode.get(error.errno or 0, "OSError")
+        what = "the checkpoint filesystem is full" if self.disk_full else "the checkpoint folder cannot be written"
+        try:
+            previous = f"{name}/latest still points at {resolve_latest(root, name).label}"
+        except (CheckpointError, OSError, ValueError):
+            previous = f"no earlier version of {name} is affected"
+        super().__init__(
+            f"publishing {name!r} to {root} failed: {what} ({code}: {error.strerror or error}). Nothing was "
+            f"published and {previous}. Free space on (or fix) the volume holding {root}, then resubmit."
+        )
+
+
+def publish_heads(root: Path, name: str, heads: CLMHeadPair, fingerprint, *, metrics: dict,
+                  parent: str | None) -> PublishedVersion:
+    """``publish_checkpoint``, with a filesystem failure reported as a ``PublishError`` naming root and cause."""
+    try:
+        return publish_checkpoint(root, name, heads, fingerprint, metrics=metrics, parent=parent)
+    except OSError as error:
+        raise PublishError(Path(root), name, error) from error
+
+
 RUN_ERRORS: tuple[type[BaseException], ...] = (
-    embedding.EmbeddingCacheError, EmbeddingTableError, EncoderError, ResumeError,
+    embedding.EmbeddingCacheError, EmbeddingTableError, EncoderError, ResumeError, PublishError,
 )
 
 
@@ -131,7 +164,9 @@ class TrainCLMHeadsRecipe:
             contract = EmbeddingContract(fingerprint, model_hidden_size(model_dir))
         else:
             assert encoder.embedder_url is not None
-            contract = EmbeddingContract(*fetch_remote_identity(encoder.embedder_url, encoder.timeout_s))
+            contract = EmbeddingContract(*fetch_remote_identity(
+                encoder.embedder_url, encoder.timeout_s, encoder.retry_seconds,
+                on_retry=lambda message: self.progress(ProgressEvent("embedding", 0, 0, message))))
         if contract.fingerprint.template_version != TEMPLATE_VERSION:
             raise EncoderError(
                 f"the encoder's fingerprint uses text template {contract.fingerprint.template_version!r}, "
@@ -162,13 +197,21 @@ class TrainCLMHeadsRecipe:
         self.texts_total = len(texts)
         path = self._cache_path(texts)
 
+        last = {"done": 0, "total": len(texts), "texts_embedded": 0}
+
         def report(done: int, total: int, embedded: int) -> None:
+            last.update(done=done, total=total, texts_embedded=embedded)
             self.progress(ProgressEvent("embedding", done, total, counters={"texts_embedded": embedded}))
+
+        def retry_notice(message: str, retry: int) -> None:
+            # An unavailable embedder is waited for, visibly: one event per retry (see embedding.embed_remote).
+            self.progress(ProgressEvent("embedding", last["done"], last["total"], message,
+                                        counters={"texts_embedded": last["texts_embedded"], "retry": retry}))
 
         try:
             table = embedding.open_cached_table(path, self.contract.fingerprint.digest)
             if table is None:
-                table, self.texts_embedded = asyncio.run(self._build_table(texts, path, report))
+                table, self.texts_embedded = asyncio.run(self._build_table(texts, path, report, retry_notice))
             else:
                 self.texts_embedded = 0
                 report(len(texts), len(texts), 0)
@@ -182,13 +225,15 @@ class TrainCLMHeadsRecipe:
         self.encoded = {split: encode_records(records, table) for split, records in self.records.items()}
         return table
 
-    async def _build_table(self, texts: list[str], path: Path, report: embedding.EmbedProgress):
+    async def _build_table(self, texts: list[str], path: Path, report: embedding.EmbedProgress,
+                           retry_notice: embedding.RetryNotice | None = None):
         assert self.contract is not None
         path.parent.mkdir(parents=True, exist_ok=True)  # an unwritable cache fails here, before the model loads
         if self.cfg.encoder.backend == "local":
             backend = open_local_encoder(self.cfg.encoder)
         else:
-            backend = open_remote_encoder(self.cfg.encoder)
+            backend = open_remote_encoder(
+                self.cfg.encoder, on_retry=lambda message: self.progress(ProgressEvent("embedding", 0, 0, message)))
         try:
             if backend.fingerprint.digest != self.contract.fingerprint.digest:
                 raise EncoderError(f"the encoder's fingerprint changed while the run started: {backend.fingerprint}")
@@ -196,7 +241,8 @@ class TrainCLMHeadsRecipe:
                 return await embedding.embed_with_vector_cache(
                     texts, backend, self.cfg.cache.dir, path, report, self.cfg.cache.redis_url
                 )
-            return await embedding.embed_remote(texts, backend, path, report)
+            retry = embedding.RetryPolicy(budget_s=self.cfg.encoder.retry_seconds)
+            return await embedding.embed_remote(texts, backend, path, report, retry, retry_notice)
         finally:
             await backend.aclose()
 
@@ -348,8 +394,8 @@ class TrainCLMHeadsRecipe:
             "after": {split: metrics["overall"] for split, metrics in metrics_by_split(after).items()},
         }
         parent = None if self.init_checkpoint is None else self.init_checkpoint.sha256
-        version = publish_checkpoint(self.cfg.output.checkpoint_root, self.cfg.output.name, heads.cpu(),
-                                     self.contract.fingerprint, metrics=metrics, parent=parent)
+        version = publish_heads(self.cfg.output.checkpoint_root, self.cfg.output.name, heads.cpu(),
+                                self.contract.fingerprint, metrics=metrics, parent=parent)
         self.progress(ProgressEvent("publishing", 1, 1, version.label))
         return version
 

@@ -1,0 +1,260 @@
+"""Helpers of the fault scenarios (``test_faults_*.py``): restartable real processes and job probes.
+
+Every process is a real OS process on a free loopback port, started with the
+environment a deployment uses and stopped (or SIGKILLed / SIGSTOPped) by PID.
+The trainer stack itself is ``tests/trainer/trainer_support.TrainerStack``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from clm.procs import ManagedProcess, free_port, start_redis, wait_http, wait_until
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT / "tests" / "trainer"))
+
+from trainer_support import TOKEN, TrainerStack, is_terminal, wait_job  # noqa: E402
+
+__all__ = ["TOKEN", "TrainerStack", "is_terminal", "wait_job", "RestartableRedis", "Embedder", "Serve",
+           "events", "submit", "job_config", "SizeLimitedMount", "wait_event"]
+
+QUIET_ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1",
+             "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+class RestartableRedis:
+    """A private redis-server with appendonly on, restartable on the same port and data folder."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.process, self.url = start_redis(folder, appendonly=True)
+        self.port = int(self.url.rsplit(":", 1)[1].split("/")[0])
+
+    def db(self, index: int) -> str:
+        return f"redis://127.0.0.1:{self.port}/{index}"
+
+    def crash(self) -> None:
+        self.process.kill()
+
+    def restart(self) -> None:
+        self.process, _ = start_redis(self.folder, port=self.port, appendonly=True)
+
+    def stop(self) -> None:
+        self.process.stop()
+
+
+class _Restartable:
+    """A service process that can be SIGKILLed, SIGSTOPped and restarted on the same port."""
+
+    name = "service"
+    health_path = "/health"
+
+    def __init__(self, log_dir: Path, env: dict[str, str], args: list[str]) -> None:
+        self.log_dir = log_dir
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {**QUIET_ENV, **env}
+        self.args = args
+        self.process: ManagedProcess | None = None
+        self.starts = 0
+
+    def start(self, timeout: float = 180) -> "_Restartable":
+        self.starts += 1
+        self.process = ManagedProcess(f"{self.name}:{self.port}#{self.starts}", self.args,
+                                      self.log_dir / f"{self.name}-{self.port}.log", env=self.env).start()
+        wait_http(self.process, self.url + self.health_path, timeout=timeout)
+        return self
+
+    def kill(self) -> None:
+        assert self.process is not None
+        self.process.signal(signal.SIGCONT)  # a stopped process dies just as well, but be explicit
+        self.process.kill()
+
+    def pause(self) -> None:
+        assert self.process is not None
+        self.process.signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.process is not None
+        self.process.signal(signal.SIGCONT)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.signal(signal.SIGCONT)
+            self.process.stop()
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return "" if self.process is None else self.process.log_tail(chars)
+
+
+class Embedder(_Restartable):
+    name = "embedder"
+
+    def __init__(self, log_dir: Path, cache_dir: Path, *, model: Path, redis_url: str = "", backend: str = "local",
+                 extra_env: dict[str, str] | None = None) -> None:
+        env = {"CLM_EMBEDDER_PORT": "", "CLM_EMBEDDER_BACKEND": backend, "CLM_EMBEDDER_MODEL": str(model),
+               "CLM_EMBEDDER_POOLING": "last", "CLM_EMBEDDER_REDIS_URL": redis_url,
+               "CLM_EMBEDDER_DISK_CACHE_DIR": str(cache_dir), "CLM_EMBEDDER_DISK_CACHE_MAP_SIZE_GB": "1",
+               **(extra_env or {})}
+        super().__init__(log_dir, env, [sys.executable, "-m", "clm_embedder"])
+        self.env["CLM_EMBEDDER_PORT"] = str(self.port)
+        self.cache_dir = cache_dir
+
+
+class Serve(_Restartable):
+    name = "clm-serve"
+    health_path = "/health"  # 200 once heads are loaded: start it after the first version is published
+
+    def __init__(self, log_dir: Path, checkpoint_root: Path, heads_name: str, embedder_url: str) -> None:
+        env = {"CLM_SERVE_CHECKPOINT_ROOT": str(checkpoint_root), "CLM_SERVE_HEADS_NAME": heads_name,
+               "CLM_SERVE_EMBEDDER_URL": embedder_url, "CLM_SERVE_POLL_INTERVAL_S": "0.3"}
+        super().__init__(log_dir, env, [sys.executable, "-m", "clm_serve"])
+        self.env["CLM_SERVE_PORT"] = str(self.port)
+
+    def heads(self) -> dict:
+        return httpx.get(f"{self.url}/v1/heads", timeout=10).json()
+
+    def decide(self, request: dict) -> httpx.Response:
+        return httpx.post(f"{self.url}/v1/systemone", json=request, timeout=30)
+
+
+def job_config(*, name: str, epochs: int, data_prefix: str = "", seed: int = 0) -> dict[str, Any]:
+    """A small SFT job embedding through the embedder service (tiny encoder, 32-d heads).
+
+    Small embedding requests (8 texts) against an embedder with a coalescing window make the
+    embedding phase last seconds, so a fault can be injected while it runs.
+    """
+    return {
+        "mode": "train",
+        "data": {split: f"data/{data_prefix}{split}.jsonl" for split in ("train", "validation", "test")},
+        "encoder": {"backend": "embedder", "pooling": "last", "batch_size": 8},
+        "heads": {"config": {"proj_dim": 32}, "seed": seed},
+        "loss": {"mode": "sft"},
+        "train": {"epochs": epochs, "batch_size": 8, "eval_batch_size": 64, "lr": 3e-3, "seed": seed},
+        "output": {"name": name},
+    }
+
+
+def write_split_data(data_dir: Path, prefix: str, seed: int, sizes: dict[str, int] | None = None) -> None:
+    """Synthetic SOC-triage splits as ``data/<prefix><split>.jsonl`` (distinct texts per seed)."""
+    from clm.synthetic import write_soc_triage_splits
+
+    sizes = sizes or {"train": 48, "validation": 24, "test": 24}
+    tmp = data_dir / f".{prefix}gen"
+    for split, path in write_soc_triage_splits(tmp, sizes, seed=seed).items():
+        os.replace(path, data_dir / f"{prefix}{split}.jsonl")
+    tmp.rmdir()
+
+
+def submit(client: httpx.Client, config: dict) -> str:
+    response = client.post("/jobs", json={"config": config})
+    assert response.status_code == 201, response.text
+    return response.json()["id"]
+
+
+def events(client: httpx.Client, job_id: str) -> list[dict]:
+    return [json.loads(line) for line in client.get(f"/jobs/{job_id}/events").text.splitlines() if line]
+
+
+def wait_event(client: httpx.Client, job_id: str, predicate, timeout: float, what: str,
+               stack: TrainerStack | None = None) -> dict:
+    deadline = time.monotonic() + timeout
+    seen: list[dict] = []
+    while time.monotonic() < deadline:
+        seen = events(client, job_id)
+        for event in seen:
+            if predicate(event):
+                return event
+        time.sleep(0.1)
+    raise AssertionError(f"no event {what} within {timeout:.0f}s; events: {seen[-10:]}\n"
+                         f"{stack.logs() if stack else ''}")
+
+
+class SizeLimitedMount:
+    """A small, size-limited filesystem mounted at ``path``: tmpfs, else a loop-mounted ext2 image.
+
+    ``kind`` says which one worked. Needs root (the tests and CI run as root).
+    """
+
+    def __init__(self, path: Path, size_mb: int) -> None:
+        self.path = path
+        self.size_mb = size_mb
+        self.kind: str | None = None
+        self._image: Path | None = None
+
+    def mount(self) -> "SizeLimitedMount":
+        self.path.mkdir(parents=True, exist_ok=True)
+        tmpfs = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={self.size_mb}m,mode=0755", "tmpfs",
+                                str(self.path)], capture_output=True, text=True)
+        if tmpfs.returncode == 0:
+            self.kind = "tmpfs"
+            return self
+        image = self.path.parent / f".{self.path.name}.img"
+        with open(image, "wb") as handle:
+            handle.truncate(self.size_mb * 2**20)
+        # -m 0: no blocks reserved for root (the tests run as root and would write past "full").
+        steps = [["mkfs.ext2", "-q", "-F", "-m", "0", str(image)],
+                 ["mount", "-o", "loop", str(image), str(self.path)]]
+        errors = [f"tmpfs: {tmpfs.stderr.strip()}"]
+        for step in steps:
+            result = subprocess.run(step, capture_output=True, text=True)
+            if result.returncode != 0:
+                errors.append(f"{step[0]}: {result.stderr.strip()}")
+                image.unlink(missing_ok=True)
+                raise RuntimeError("cannot mount a size-limited filesystem (needs root): " + "; ".join(errors))
+        self._image = image
+        self.kind = "loop-mounted ext2"
+        return self
+
+    def free_bytes(self) -> int:
+        stats = os.statvfs(self.path)
+        return stats.f_bavail * stats.f_frsize
+
+    def fill(self, leave_bytes: int = 0) -> Path:
+        """Write a filler file until the filesystem is full (or ``leave_bytes`` remain)."""
+        filler = self.path / ".filler"
+        chunk = b"\0" * 65536
+        with open(filler, "wb", buffering=0) as handle:
+            with contextlib.suppress(OSError):
+                while self.free_bytes() > leave_bytes + len(chunk):
+                    handle.write(chunk)
+                while self.free_bytes() > leave_bytes:
+                    handle.write(b"\0" * 4096)
+        return filler
+
+    def unmount(self) -> None:
+        if self.kind is None:
+            return
+        for attempt in range(20):
+            if subprocess.run(["umount", str(self.path)], capture_output=True).returncode == 0:
+                break
+            time.sleep(0.25)
+        else:
+            subprocess.run(["umount", "-l", str(self.path)], capture_output=True)
+        if self._image is not None:
+            self._image.unlink(missing_ok=True)
+        self.kind = None
+
+
+def stop_all(*things: Any) -> None:
+    """Stop every process given (in order), whatever fails."""
+    for thing in things:
+        if thing is None:
+            continue
+        with contextlib.suppress(Exception):
+            thing.stop()
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    wait_until(predicate, timeout=timeout, interval=0.1, what=what)
