@@ -123,3 +123,10 @@ def test_head_shape_takes_encoder_dim_from_the_encoder_and_refuses_a_contradicti
 def test_json_dict_round_trips_through_validation():
     config = load_config(EXAMPLE, ["--loss.mode", "infonce"])
     assert build_config(config.to_json_dict()) == config
+
+
+def test_an_overlong_output_name_is_refused_naming_the_key():
+    from clm.recipes.config import ConfigError, build_config
+
+    with pytest.raises(ConfigError, match=r"output\.name"):
+        build_config({"data": {"train": "t.jsonl"}, "output": {"name": "x" * 129}})

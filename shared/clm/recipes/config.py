@@ -187,7 +187,7 @@ class TrainConfig(_Section):
 
 class OutputConfig(_Section):
     checkpoint_root: Path = Path("var/checkpoints")
-    name: str = Field("clm-heads", min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    name: str = Field("clm-heads", min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     report_dir: Path = Path("var/reports/clm-heads")
     publish: bool = Field(True, description="publish the best heads (train mode)")
 
