@@ -279,3 +279,21 @@ def test_shared_encoder_calls_split_token_counts_exactly():
     parts = _split_tokens(101, [10, 20, 30, 41])
     assert sum(parts) == 101 and parts == sorted(parts)
     assert _split_tokens(5, [0, 0]) in ([3, 2], [2, 3])
+
+
+async def test_options_seen_in_training_are_projected_before_the_first_request(tmp_path, tiny_model_dir,
+                                                                               tiny_encoder, fingerprint):
+    """A checkpoint's options.json (written by the trainer) warms the action cache when the heads load."""
+    from clm.checkpoint import publish_checkpoint
+    from clm.texts import option_texts
+    from serve_support import HEADS_NAME, make_heads
+
+    trained = [text for spec in TRIAGE_REQUEST["questions"].values() for text in option_texts(spec)]
+    publish_checkpoint(tmp_path / "checkpoints", HEADS_NAME, make_heads(1), fingerprint, option_texts=trained)
+    settings = serve_settings(tmp_path, tiny_model_dir)
+    async with serve_in_process(settings, tiny_encoder) as (client, _):
+        assert (await client.get("/v1/heads")).json()["action_cache_entries"] == len(set(trained))
+        await client.post("/v1/systemone", json=TRIAGE_REQUEST)
+        metrics = (await client.get("/metrics")).text
+        assert _metric(metrics, "clm_serve_action_cache_misses_total") == 0
+        assert _metric(metrics, "clm_serve_action_cache_hits_total") == 10

@@ -305,3 +305,18 @@ def test_concurrent_publishers_in_two_processes_get_distinct_versions(tmp_path):
     assert sorted(versions) == list(range(1, 13))
     assert [v.version for v in list_versions(tmp_path / "root", "shared")] == list(range(1, 13))
     assert resolve_latest(tmp_path / "root", "shared").version == 12
+
+
+def test_option_texts_ride_with_the_checkpoint_and_are_hash_checked(tmp_path):
+    from clm.checkpoint import OPTIONS_FILE, CheckpointError, publish_checkpoint, read_option_texts
+
+    heads = CLMHeadPair(HeadConfig(encoder_dim=16, proj_dim=8), seed=0)
+    fingerprint = FINGERPRINT
+    published = publish_checkpoint(tmp_path, "heads", heads, fingerprint, option_texts=["yes", "no", "yes"])
+    assert read_option_texts(published.path) == ["no", "yes"]
+    assert read_option_texts(published.path / "heads.pt") == ["no", "yes"]
+    plain = publish_checkpoint(tmp_path, "heads", heads, fingerprint)
+    assert read_option_texts(plain.path) == []
+    (published.path / OPTIONS_FILE).write_text('{"option_texts": ["tampered"]}')
+    with pytest.raises(CheckpointError, match="manifest"):
+        read_option_texts(published.path)

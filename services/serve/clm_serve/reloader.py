@@ -37,7 +37,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
 
-from clm.checkpoint import LATEST_FILE, PT_FILE, CheckpointError, resolve_latest
+from clm.checkpoint import LATEST_FILE, PT_FILE, CheckpointError, read_option_texts, resolve_latest
 from clm.encoders.base import EncoderBackend, EncoderError
 
 from clm_serve.action_cache import ActionCache
@@ -167,13 +167,16 @@ class HeadsManager:
             new = await asyncio.to_thread(
                 load_heads, path, encoder=self.encoder.fingerprint, encoder_dim=self.encoder.dim, action_cache=cache
             )
+            trained_options = await asyncio.to_thread(read_option_texts, path)
+        except CheckpointError as error:  # options.json not matching its manifest: a damaged version
+            return self._fail(trigger, path, str(error), identity=identity, retry_failed=retry_failed)
         except HeadsRefused as error:
             return self._fail(trigger, path, str(error), identity=identity, retry_failed=retry_failed)
         except Exception as error:  # a bug or an I/O failure: same outcome, plus the traceback in the log
             logger.exception("unexpected error loading heads from %s", path)
             return self._fail(trigger, path, f"{type(error).__name__}: {error}", identity=identity, retry_failed=retry_failed)
 
-        warm = self._warm_set()
+        warm = self._warm_set(trained_options)
         try:
             warmed = await self.engine.warm(new, warm)
         except EncoderError as error:
@@ -192,9 +195,11 @@ class HeadsManager:
         logger.info("heads reload (%s): %s", trigger, message)
         return ReloadOutcome("loaded", trigger, str(path), new.version, message, _now())
 
-    def _warm_set(self) -> list[str]:
+    def _warm_set(self, trained_options: list[str]) -> list[str]:
+        """Options to project before the swap: the checkpoint's training options, the warm-up file's,
+        and those the serving heads have seen (what traffic asked for lately)."""
         current = self.current.actions.texts() if self.current is not None else []
-        return list(dict.fromkeys([*self.warm_texts, *current]))
+        return list(dict.fromkeys([*trained_options, *self.warm_texts, *current]))
 
     def _version(self) -> str | None:
         return None if self.current is None else self.current.version

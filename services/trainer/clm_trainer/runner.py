@@ -32,10 +32,9 @@ import torch
 
 from clm.checkpoint import JSON_FILE, PublishedVersion, list_versions
 from clm.recipes.config import build_config
-from clm.recipes.evaluation import ScoredQuestion, summarize
-from clm.recipes.loop import LOOP_STATE_FILE, EpochReport, LoopOutcome
+from clm.recipes.loop import LOOP_STATE_FILE, EpochReport
 from clm.recipes.progress import ProgressEvent
-from clm.recipes.train_clm_heads import TrainCLMHeadsRecipe, publish_heads
+from clm.recipes.train_clm_heads import TrainCLMHeadsRecipe
 from clm.heads import CLMHeadPair
 
 logger = logging.getLogger(__name__)
@@ -84,34 +83,20 @@ class _JobRecipe(TrainCLMHeadsRecipe):
         self._work_dir = work_dir
         self._should_cancel = should_cancel
 
-    def _publish(self, heads: CLMHeadPair, outcome: LoopOutcome, before: dict[str, list[ScoredQuestion]],
-                 after: dict[str, list[ScoredQuestion]]) -> PublishedVersion:
-        # Mirrors TrainCLMHeadsRecipe._publish, plus the job id in the metrics and the lookup under a lock.
-        assert self.contract is not None
+    def _write_version(self, heads: CLMHeadPair, metrics: dict) -> PublishedVersion:
+        """Publish once per job: under a lock, reuse a version this job already published (a retry after a
+        crash during or after publishing), else check for a cancel one last time and publish, tagged."""
         output = self.cfg.output
-        self.progress(ProgressEvent("publishing", 0, 1, output.name))
         self._work_dir.mkdir(parents=True, exist_ok=True)
         with open(self._work_dir / PUBLISH_LOCK, "a") as lock:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
             existing = find_published(output.checkpoint_root, output.name, self._job_id)
             if existing is not None:
                 logger.info("job %s already published %s/%s; reusing it", self._job_id, output.name, existing.label)
-                version = existing
-            else:
-                if self._should_cancel():  # last stop point before the irreversible step
-                    raise JobCancelled()
-                metrics = {
-                    "loss_mode": self.cfg.loss.mode, "eval_metric": self.cfg.train.eval_metric,
-                    "best_epoch": outcome.best_epoch, "texts_embedded": self.texts_embedded,
-                    "before": {split: summarize(scored)["overall"] for split, scored in before.items()},
-                    "after": {split: summarize(scored)["overall"] for split, scored in after.items()},
-                    JOB_ID_METRIC: self._job_id,
-                }
-                parent = None if self.init_checkpoint is None else self.init_checkpoint.sha256
-                version = publish_heads(output.checkpoint_root, output.name, heads.cpu(),
-                                        self.contract.fingerprint, metrics=metrics, parent=parent)
-        self.progress(ProgressEvent("publishing", 1, 1, version.label))
-        return version
+                return existing
+            if self._should_cancel():  # last stop point before the irreversible step
+                raise JobCancelled()
+            return super()._write_version(heads, {**metrics, JOB_ID_METRIC: self._job_id})
 
 
 def run_job(config: dict[str, Any], *, job_id: str, work_dir: Path, progress: Progress,

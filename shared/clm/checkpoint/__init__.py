@@ -5,12 +5,19 @@
 * ``store``: numbered versions under a shared root with an atomic ``latest`` pointer.
 """
 
-from clm.checkpoint.files import LoadedCheckpoint, checkpoint_sha256, load_checkpoint, save_checkpoint
+from clm.checkpoint.files import (
+    LoadedCheckpoint,
+    checkpoint_sha256,
+    load_checkpoint,
+    read_option_texts,
+    save_checkpoint,
+)
 from clm.checkpoint.format import (
     CHECKPOINT_FORMAT,
     CHECKPOINT_VERSION,
     JSON_FILE,
     MANIFEST_FILE,
+    OPTIONS_FILE,
     PT_FILE,
     SAFETENSORS_FILE,
     CheckpointContent,
@@ -30,6 +37,7 @@ __all__ = [
     "JSON_FILE",
     "LATEST_FILE",
     "MANIFEST_FILE",
+    "OPTIONS_FILE",
     "PT_FILE",
     "SAFETENSORS_FILE",
     "CheckpointContent",
@@ -40,6 +48,7 @@ __all__ = [
     "list_versions",
     "load_checkpoint",
     "publish_checkpoint",
+    "read_option_texts",
     "resolve_latest",
     "save_checkpoint",
 ]

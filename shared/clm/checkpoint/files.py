@@ -31,6 +31,7 @@ from clm.checkpoint.format import (
     CHECKPOINT_VERSION,
     JSON_FILE,
     MANIFEST_FILE,
+    OPTIONS_FILE,
     PT_FILE,
     SAFETENSORS_FILE,
     CheckpointContent,
@@ -72,8 +73,13 @@ def save_checkpoint(
     template_version: str | None = None,
     metrics: dict | None = None,
     parent: str | None = None,
+    option_texts: list[str] | None = None,
 ) -> LoadedCheckpoint:
     """Write a complete checkpoint into ``directory`` (created if absent; refused if it holds one).
+
+    ``option_texts`` (the option texts seen in training) go into ``options.json``,
+    hashed in the manifest like every other file, so clm-serve can project them
+    before the first request instead of on first sight.
 
     ``template_version`` defaults to the fingerprint's and must agree with it.
     Each file is written atomically and fsynced; the manifest comes last. For
@@ -97,6 +103,8 @@ def save_checkpoint(
         ),
         JSON_FILE: (json.dumps(metadata, sort_keys=True, indent=2, allow_nan=False) + "\n").encode("utf-8"),
     }
+    if option_texts is not None:
+        blobs[OPTIONS_FILE] = json.dumps({"option_texts": sorted(set(option_texts))}, ensure_ascii=False).encode()
     for name, data in blobs.items():
         atomic_write_bytes(directory / name, data)
     manifest = {
@@ -136,6 +144,28 @@ def load_checkpoint(
     else:
         raise ValueError(f"source must be 'pt' or 'safetensors', got {source!r}")
     return LoadedCheckpoint(**_fields(content), path=directory, sha256=pt_sha or sha256_file(pt_path))
+
+
+def read_option_texts(path: str | os.PathLike) -> list[str]:
+    """The option texts a checkpoint (directory or heads.pt) was trained with; [] when it lists none.
+
+    The file is checked against the manifest (size and sha256) when one is there.
+    """
+    directory, _ = _locate(Path(path))
+    options_path = directory / OPTIONS_FILE
+    if not options_path.is_file():
+        return []
+    if (directory / MANIFEST_FILE).is_file():
+        expected = read_manifest(directory)["files"].get(OPTIONS_FILE)
+        if expected is None or sha256_file(options_path) != expected["sha256"]:
+            raise CheckpointError(f"{options_path} does not match {MANIFEST_FILE}")
+    try:
+        texts = json.loads(options_path.read_text(encoding="utf-8"))["option_texts"]
+    except (ValueError, KeyError, TypeError) as error:
+        raise CheckpointError(f"{options_path} is not an option list: {error}") from error
+    if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+        raise CheckpointError(f"{options_path}: option_texts must be a list of strings")
+    return texts
 
 
 def _fields(content: CheckpointContent) -> dict:
@@ -193,10 +223,11 @@ def read_manifest(directory: Path) -> dict:
     if (
         not isinstance(files, dict)
         or manifest.get("format") != CHECKPOINT_FORMAT
-        or set(files) != set(CHECKPOINT_FILES)
+        or not set(CHECKPOINT_FILES) <= set(files) <= {*CHECKPOINT_FILES, OPTIONS_FILE}
         or not all(isinstance(v, dict) and {"sha256", "bytes"} <= set(v) for v in files.values())
     ):
-        raise CheckpointError(f"{manifest_path}: not a {CHECKPOINT_FORMAT} manifest listing {list(CHECKPOINT_FILES)}")
+        raise CheckpointError(f"{manifest_path}: not a {CHECKPOINT_FORMAT} manifest listing {list(CHECKPOINT_FILES)} "
+                              f"(and optionally {OPTIONS_FILE})")
     return manifest
 
 

@@ -25,6 +25,7 @@ CHECKPOINT_VERSION = 1
 PT_FILE = "heads.pt"
 SAFETENSORS_FILE = "heads.safetensors"
 JSON_FILE = "heads.json"
+OPTIONS_FILE = "options.json"  # option texts seen in training (clm-serve warms its action cache with them)
 MANIFEST_FILE = "manifest.json"
 """sha256 and size of the three files above; written last, so its presence marks a complete save."""
 

@@ -70,13 +70,14 @@ def publish_checkpoint(
     template_version: str | None = None,
     metrics: dict | None = None,
     parent: str | None = None,
+    option_texts: list[str] | None = None,
 ) -> PublishedVersion:
     """Write the heads as the next version of ``name`` under ``root`` and move ``latest`` to it."""
     name_dir = _name_dir(root, name)
     name_dir.mkdir(parents=True, exist_ok=True)
     staging = temp_sibling(name_dir / "staging", "publish")
     try:
-        saved = save_checkpoint(staging, heads, encoder_fingerprint, template_version, metrics, parent)
+        saved = save_checkpoint(staging, heads, encoder_fingerprint, template_version, metrics, parent, option_texts)
         version_dir = _claim_next_version(name_dir, staging)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

@@ -77,6 +77,15 @@ def collect_clm_texts(records: Iterable[Record]) -> list[str]:
     return sorted(texts)
 
 
+def collect_option_texts(records: Iterable[Record]) -> list[str]:
+    """Every distinct option text of ``records``, sorted: what clm-serve pre-projects when heads load."""
+    texts: set[str] = set()
+    for record in records:
+        for question_options in record_texts(record)[1].values():
+            texts.update(question_options)
+    return sorted(texts)
+
+
 def encode_records(records: Sequence[Record], table: EmbeddingTable) -> list[EncodedRecord]:
     """Attach table rows to every question; a text missing from the table is a KeyError naming it."""
     encoded = []

@@ -53,7 +53,14 @@ from clm.encoders.model_identity import fingerprint_for_model_dir, model_hidden_
 from clm.heads import CLMHeadPair
 from clm.records import Record, RecordError, load_records
 from clm.recipes import embedding
-from clm.recipes.batches import EncodedRecord, build_targets, collect_clm_texts, encode_records, forward_identified
+from clm.recipes.batches import (
+    EncodedRecord,
+    build_targets,
+    collect_clm_texts,
+    collect_option_texts,
+    encode_records,
+    forward_identified,
+)
 from clm.recipes.config import ConfigError, RecipeConfig, load_config
 from clm.recipes.encoder_setup import fetch_remote_identity, open_local_encoder, open_remote_encoder, resolve_model_dir
 from clm.recipes.evaluation import ScoredQuestion, metrics_by_split, reference_logprobs, score_records, summarize
@@ -93,10 +100,11 @@ class PublishError(RuntimeError):
 
 
 def publish_heads(root: Path, name: str, heads: CLMHeadPair, fingerprint, *, metrics: dict,
-                  parent: str | None) -> PublishedVersion:
+                  parent: str | None, option_texts: list[str] | None = None) -> PublishedVersion:
     """``publish_checkpoint``, with a filesystem failure reported as a ``PublishError`` naming root and cause."""
     try:
-        return publish_checkpoint(root, name, heads, fingerprint, metrics=metrics, parent=parent)
+        return publish_checkpoint(root, name, heads, fingerprint, metrics=metrics, parent=parent,
+                                  option_texts=option_texts)
     except OSError as error:
         raise PublishError(Path(root), name, error) from error
 
@@ -385,7 +393,6 @@ class TrainCLMHeadsRecipe:
         after: dict[str, list[ScoredQuestion]],
     ) -> PublishedVersion:
         """The best heads as the next version of ``output.name``; overall metrics ride inside."""
-        assert self.contract is not None
         self.progress(ProgressEvent("publishing", 0, 1, self.cfg.output.name))
         metrics = {
             "loss_mode": self.cfg.loss.mode, "eval_metric": self.cfg.train.eval_metric,
@@ -393,11 +400,17 @@ class TrainCLMHeadsRecipe:
             "before": {split: metrics["overall"] for split, metrics in metrics_by_split(before).items()},
             "after": {split: metrics["overall"] for split, metrics in metrics_by_split(after).items()},
         }
-        parent = None if self.init_checkpoint is None else self.init_checkpoint.sha256
-        version = publish_heads(self.cfg.output.checkpoint_root, self.cfg.output.name, heads.cpu(),
-                                self.contract.fingerprint, metrics=metrics, parent=parent)
+        version = self._write_version(heads, metrics)
         self.progress(ProgressEvent("publishing", 1, 1, version.label))
         return version
+
+    def _write_version(self, heads: CLMHeadPair, metrics: dict) -> PublishedVersion:
+        """The irreversible step of publishing (a hook: the trainer service adds its publish-once guard)."""
+        assert self.contract is not None
+        parent = None if self.init_checkpoint is None else self.init_checkpoint.sha256
+        options = collect_option_texts(record for records in self.records.values() for record in records)
+        return publish_heads(self.cfg.output.checkpoint_root, self.cfg.output.name, heads.cpu(),
+                             self.contract.fingerprint, metrics=metrics, parent=parent, option_texts=options)
 
     def run_train_validation_loop(self) -> RunResult:
         """Embed, score the starting heads, train (train mode), score again, publish, report."""
