@@ -273,7 +273,7 @@ async def test_encoder_faults_are_503_or_400_and_stay_with_their_request(tmp_pat
 
 
 def test_shared_encoder_calls_split_token_counts_exactly():
-    from clm_serve.batcher import _split_tokens
+    from clm.encoders.coalescing import split_in_proportion as _split_tokens
 
     assert _split_tokens(17, [40]) == [17]
     parts = _split_tokens(101, [10, 20, 30, 41])

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from clm.encoders.base import EncoderBackend, EncoderInputError
+from clm.encoders.coalescing import split_in_proportion
 
 from clm_serve.loaded_heads import LoadedHeads
 
@@ -226,23 +227,9 @@ class EncodeBatcher(MicroBatcher[list[str], tuple[np.ndarray, int]]):
             return [single if isinstance(single, BaseException) else single[0] for single in singles]
         if result.vectors.shape != (len(texts), self.encoder.dim):
             raise RuntimeError(f"encoder returned shape {result.vectors.shape} for {len(texts)} texts")
-        shares = _split_tokens(result.prompt_tokens, [sum(len(t) for t in p) for p in payloads])
+        shares = split_in_proportion(result.prompt_tokens, [sum(len(t) for t in p) for p in payloads])
         out, offset = [], 0
         for payload, tokens in zip(payloads, shares):
             out.append((result.vectors[offset : offset + len(payload)], tokens))
             offset += len(payload)
         return out
-
-
-def _split_tokens(total: int, weights: list[int]) -> list[int]:
-    """``total`` split in proportion to ``weights`` (largest remainder: the parts sum to ``total``)."""
-    if len(weights) == 1:
-        return [total]
-    if not any(weights):
-        weights = [1] * len(weights)
-    weight_sum = sum(weights)
-    exact = [total * w / weight_sum for w in weights]
-    parts = [int(x) for x in exact]
-    for i in sorted(range(len(parts)), key=lambda i: exact[i] - parts[i], reverse=True)[: total - sum(parts)]:
-        parts[i] += 1
-    return parts

@@ -27,18 +27,24 @@ class _Pending:
     future: asyncio.Future
 
 
-def split_tokens(total: int, texts_per_call: list[list[str]]) -> list[int]:
-    """``total`` split across callers in proportion to their characters, summing exactly to ``total``.
+def split_in_proportion(total: int, weights: list[int]) -> list[int]:
+    """``total`` split in proportion to ``weights``, summing exactly to ``total`` (largest remainder).
 
-    Backends report one token count per batch; callers (the OpenAI ``usage``
-    field) want theirs. Largest-remainder rounding keeps the sum exact.
+    Backends report one token count per batch; each caller sharing the batch
+    (the OpenAI ``usage`` field) wants its own. All-zero weights split evenly.
     """
-    weights = np.array([sum(len(t) + 1 for t in texts) for texts in texts_per_call], dtype=np.float64)
-    shares = weights / weights.sum() * total
+    if not any(weights):
+        weights = [1] * len(weights)
+    shares = np.asarray(weights, dtype=np.float64) / float(sum(weights)) * total
     counts = np.floor(shares).astype(np.int64)
-    for index in np.argsort(-(shares - counts))[: total - int(counts.sum())]:
+    for index in np.argsort(-(shares - counts), kind="stable")[: total - int(counts.sum())]:
         counts[index] += 1
     return counts.tolist()
+
+
+def split_tokens(total: int, texts_per_call: list[list[str]]) -> list[int]:
+    """``total`` split across callers in proportion to their characters (see ``split_in_proportion``)."""
+    return split_in_proportion(total, [sum(len(t) + 1 for t in texts) for texts in texts_per_call])
 
 
 class CoalescingEncoder:
