@@ -4,7 +4,9 @@
         --train 600 --validation 150 --test 150 --seed 7
 
 The bundled set in examples/data/soc_triage/ was made with exactly that
-command; the rules behind the answers are documented in clm/synthetic.py.
+command; the rules behind the answers are documented in clm/synthetic.py, the
+question families and the held-out (validation/test only) question variants in
+clm/synthetic_families.py.
 """
 
 from __future__ import annotations

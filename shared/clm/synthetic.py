@@ -13,12 +13,15 @@ heads clearly, and an RL run should prefer the high-reward options. So:
 * reward tables follow the *clean* truth, with asymmetric costs (calling a
   malicious alert benign costs far more than over-reacting), so RL has a
   signal the noisy labels do not carry;
-* every record asks the same three questions, one of each type.
+* every record asks three questions, one of each family (disposition: choice,
+  escalate: noul, severity: score), each drawn from the family's variants:
+  question ids with their own wording and option set (``clm.synthetic_families``).
+  Some variants are *held out*: the ``train`` split never asks them, every
+  other split does, so reports can measure answers to questions never trained on.
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import random
@@ -26,6 +29,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from clm.synthetic_families import (  # noqa: F401  (DISPOSITIONS, SEVERITY_LEVELS: re-exported)
+    DISPOSITIONS,
+    FAMILIES,
+    OPTION_COUNTS,
+    SEVERITY_LEVELS,
+    QuestionFamily,
+    QuestionVariant,
+    variants_for,
+)
 
 # Rule name -> base risk (0 routine .. 3 attack technique).
 RULE_RISK: dict[str, int] = {
@@ -47,24 +60,8 @@ USER_TYPES = ("service account", "employee", "administrator", "contractor", "gue
 UNTRUSTED_USER_TYPES = frozenset({"contractor", "guest"})
 BURST_EVENT_COUNT = 100  # more events than this count as a burst and raise the risk
 
-DISPOSITIONS = ("benign", "suspicious", "malicious")
-SEVERITY_LEVELS = ("none", "low", "medium", "high", "critical")
 RECORD_INSTRUCTIONS = "You triage alerts for a mid-size company."
-
-QUESTIONS: dict[str, dict[str, Any]] = {
-    "disposition": {
-        "type": "choice",
-        "instructions": "What is this alert?",
-        "criteria": {"benign": "expected activity", "suspicious": "needs a closer look", "malicious": "an attack in progress"},
-    },
-    "escalate": {
-        "type": "noul",
-        "instructions": "Escalate to tier 2?",
-        "criteria": {"true": "a human analyst must act now", "false": "it can wait or be closed"},
-    },
-    "severity": {"type": "score", "instructions": "How severe is it?", "criteria": list(SEVERITY_LEVELS)},
-}
-OPTION_COUNTS = {"disposition": len(DISPOSITIONS), "escalate": 2, "severity": len(SEVERITY_LEVELS)}
+TRAIN_SPLIT = "train"  # the one split that never asks held-out question variants
 
 # Rewards by clean disposition, in DISPOSITIONS order: missing an attack is the costly mistake.
 DISPOSITION_REWARDS: dict[str, tuple[float, float, float]] = {
@@ -97,7 +94,7 @@ class Alert:
 
 @dataclass(frozen=True)
 class SocTriageSample:
-    """A generated record and the rule-given (noise-free) label index of each question."""
+    """A generated record and the rule-given (noise-free) label index of each question id it asks."""
 
     record: dict[str, Any]
     clean_labels: dict[str, int]
@@ -113,7 +110,10 @@ def risk_score(alert: Alert) -> int:
 
 
 def clean_answers(alert: Alert) -> dict[str, int]:
-    """The hidden rules: gold label index per question (disposition, escalate: 0 = yes, severity level)."""
+    """The hidden rules: gold label index per question family (disposition, escalate: 0 = yes, severity level).
+
+    Every variant of a family (``clm.synthetic_families``) follows its family's rule.
+    """
     risk = risk_score(alert)
     disposition = 0 if risk <= 1 else 1 if risk <= 3 else 2
     important_asset = alert.criticality in ("high", "critical")
@@ -169,31 +169,37 @@ def _noisy(label: int, option_count: int, label_noise: float, rng: random.Random
     return rng.choice([option for option in range(option_count) if option != label])
 
 
-def _answer_forms(labels: dict[str, int], rng: random.Random) -> dict[str, Any]:
-    """Answers in every accepted form, so consumers of the data exercise each of them."""
-    yes = labels["escalate"] == 0
-    return {
-        "disposition": DISPOSITIONS[labels["disposition"]],
-        "escalate": yes if rng.random() < 0.5 else ("yes" if yes else "no"),
-        "severity": labels["severity"] if rng.random() < 0.5 else SEVERITY_LEVELS[labels["severity"]],
-    }
+def _answer(family: QuestionFamily, variant: QuestionVariant, label: int, rng: random.Random) -> Any:
+    """The answer in one of its accepted forms, so consumers of the data exercise each of them."""
+    if family.type == "noul":
+        yes = label == 0
+        return yes if rng.random() < 0.5 else ("yes" if yes else "no")
+    if family.type == "score":
+        return label if rng.random() < 0.5 else family.criteria(variant)[label]
+    return family.option_ids(variant)[label]
 
 
-def _reward_tables(clean: dict[str, int]) -> dict[str, dict[str, float]]:
-    disposition = DISPOSITION_REWARDS[DISPOSITIONS[clean["disposition"]]]
-    yes_reward, no_reward = ESCALATE_REWARDS[clean["escalate"] == 0]
-    return {
-        "disposition": dict(zip(DISPOSITIONS, disposition)),
-        "escalate": {"yes": yes_reward, "no": no_reward},
-        # Ordinal: each level away from the truth costs half a point.
-        "severity": {str(k): 1.0 - 0.5 * abs(k - clean["severity"]) for k in range(len(SEVERITY_LEVELS))},
-    }
+def _family_rewards(family: QuestionFamily, clean: int) -> tuple[float, ...]:
+    """Rewards in canonical option order, from the clean (noise-free) label of the family."""
+    if family.name == "disposition":
+        return DISPOSITION_REWARDS[DISPOSITIONS[clean]]
+    if family.name == "escalate":
+        return ESCALATE_REWARDS[clean == 0]
+    # Ordinal: each level away from the truth costs half a point.
+    return tuple(1.0 - 0.5 * abs(k - clean) for k in range(OPTION_COUNTS[family.name]))
 
 
 def generate_soc_triage_samples(
-    n_records: int, seed: int | str, label_noise: float = DEFAULT_LABEL_NOISE, id_prefix: str = "soc"
+    n_records: int,
+    seed: int | str,
+    label_noise: float = DEFAULT_LABEL_NOISE,
+    id_prefix: str = "soc",
+    include_held_out: bool = False,
 ) -> list[SocTriageSample]:
-    """``n_records`` samples, the same for the same arguments on every machine and Python run."""
+    """``n_records`` samples, the same for the same arguments on every machine and Python run.
+
+    ``include_held_out`` lets records ask the held-out question variants (every split but ``train``).
+    """
     if n_records < 0:
         raise ValueError(f"n_records must be >= 0, got {n_records}")
     if not 0.0 <= label_noise < 1.0:
@@ -202,10 +208,17 @@ def generate_soc_triage_samples(
     samples = []
     for index in range(n_records):
         alert = _sample_alert(rng)
-        clean = clean_answers(alert)
-        noisy = {q: _noisy(label, OPTION_COUNTS[q], label_noise, rng) for q, label in clean.items()}
-        answers = _answer_forms(noisy, rng)
-        for question_id in QUESTIONS:
+        clean_by_family = clean_answers(alert)
+        asked = [(family, rng.choice(variants_for(family, include_held_out))) for family in FAMILIES]
+        questions, answers, rewards, clean = {}, {}, {}, {}
+        for family, variant in asked:
+            qid = variant.question_id
+            label = _noisy(clean_by_family[family.name], OPTION_COUNTS[family.name], label_noise, rng)
+            questions[qid] = family.question(variant)
+            answers[qid] = _answer(family, variant, label, rng)
+            rewards[qid] = dict(zip(family.option_ids(variant), _family_rewards(family, clean_by_family[family.name])))
+            clean[qid] = clean_by_family[family.name]
+        for question_id in questions:
             if rng.random() < UNANSWERED_FRACTION:
                 del answers[question_id]
         record: dict[str, Any] = {
@@ -214,19 +227,23 @@ def generate_soc_triage_samples(
         }
         if rng.random() < INSTRUCTIONS_FRACTION:
             record["instructions"] = RECORD_INSTRUCTIONS
-        record["questions"] = copy.deepcopy(QUESTIONS)  # callers may edit records
+        record["questions"] = questions
         record["answers"] = answers
         if rng.random() < REWARDED_FRACTION:
-            record["rewards"] = _reward_tables(clean)
+            record["rewards"] = rewards
         samples.append(SocTriageSample(record=record, clean_labels=clean))
     return samples
 
 
 def generate_soc_triage(
-    n_records: int, seed: int | str, label_noise: float = DEFAULT_LABEL_NOISE, id_prefix: str = "soc"
+    n_records: int,
+    seed: int | str,
+    label_noise: float = DEFAULT_LABEL_NOISE,
+    id_prefix: str = "soc",
+    include_held_out: bool = False,
 ) -> list[dict[str, Any]]:
     """``n_records`` SystemOne records (plain dicts, one JSONL line each)."""
-    return [s.record for s in generate_soc_triage_samples(n_records, seed, label_noise, id_prefix)]
+    return [s.record for s in generate_soc_triage_samples(n_records, seed, label_noise, id_prefix, include_held_out)]
 
 
 def write_jsonl(records: list[dict[str, Any]], path: Path) -> None:
@@ -245,11 +262,16 @@ def write_soc_triage_splits(
     seed: int | str,
     label_noise: float = DEFAULT_LABEL_NOISE,
 ) -> dict[str, Path]:
-    """Write ``<split>.jsonl`` per split; splits draw from independent streams and have disjoint ids."""
+    """Write ``<split>.jsonl`` per split; splits draw from independent streams and have disjoint ids.
+
+    The ``train`` split never asks a held-out question variant; every other split may
+    (``clm.synthetic_families``): that is the documented seen / unseen split.
+    """
     out = Path(out_dir)
     written = {}
     for split, size in sizes.items():
-        records = generate_soc_triage(size, f"{seed}/{split}", label_noise, id_prefix=f"soc-{split}")
+        records = generate_soc_triage(size, f"{seed}/{split}", label_noise, id_prefix=f"soc-{split}",
+                                      include_held_out=split != TRAIN_SPLIT)
         written[split] = out / f"{split}.jsonl"
         write_jsonl(records, written[split])
     return written

@@ -18,6 +18,10 @@ from clm.synthetic import (
     generate_soc_triage_samples,
     write_soc_triage_splits,
 )
+from clm.synthetic_families import FAMILIES, held_out_question_ids
+from clm.texts import option_texts
+
+FAMILY_OF = {variant.question_id: family for family in FAMILIES for variant in family.variants}
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 BUNDLED = ROOT / "examples" / "data" / "soc_triage"
@@ -55,9 +59,30 @@ def test_every_generated_record_is_valid_and_uses_all_three_question_types():
     assert sum(t.rewards is not None for t in targets) > 0.6 * len(targets)
     assert any(t.label == IGNORE_INDEX for t in targets)  # some unlabelled questions
     assert {type(r.state) for r in records} == {str, dict}  # text and JSON states
-    for question_id, option_count in (("disposition", 3), ("escalate", 2), ("severity", 5)):
-        seen = {t.label for t in targets if t.question_id == question_id} - {IGNORE_INDEX}
-        assert seen == set(range(option_count)), question_id
+    for family, option_count in (("disposition", 3), ("escalate", 2), ("severity", 5)):
+        seen = {t.label for t in targets if FAMILY_OF[t.question_id].name == family} - {IGNORE_INDEX}
+        assert seen == set(range(option_count)), family
+    # One question of each family per record, each a variant (question id) of that family.
+    for record in records:
+        assert sorted(FAMILY_OF[q].name for q in record.questions) == ["disposition", "escalate", "severity"]
+
+
+def test_held_out_variants_appear_only_outside_training_with_seen_and_unseen_option_sets(tmp_path):
+    paths = write_soc_triage_splits(tmp_path, {"train": 300, "validation": 150, "test": 10}, seed=4)
+    train, validation = (load_records(paths[split]) for split in ("train", "validation"))
+    train_ids = {q for r in train for q in r.questions}
+    validation_ids = {q for r in validation for q in r.questions}
+    held_out = held_out_question_ids()
+    assert train_ids == {v.question_id for f in FAMILIES for v in f.variants} - held_out
+    assert held_out <= validation_ids and train_ids <= validation_ids
+    train_options = {text for r in train for q in r.questions.values() for text in option_texts(q)}
+    unseen_options = {q: not set(option_texts(question)) <= train_options
+                      for r in validation for q, question in r.questions.items()}
+    # Each family holds out one question id with trained options and one with options training never shows.
+    for family in FAMILIES:
+        held = [v.question_id for v in family.variants if v.held_out]
+        assert sorted(unseen_options[q] for q in held) == [False, True], family.name
+    assert not any(unseen_options[q] for q in train_ids)
 
 
 def test_answers_use_every_accepted_form():
@@ -98,8 +123,10 @@ def test_rewards_follow_the_clean_truth_and_punish_missing_an_attack():
             best = max(table, key=table.get)
             target = next(t for t in parse_record(sample.record).decision_questions() if t.question_id == question_id)
             assert target.option_ids.index(best) == sample.clean_labels[question_id]
-        if sample.clean_labels["disposition"] == 2:
-            assert rewards["disposition"]["benign"] < rewards["disposition"]["malicious"] - 4
+        disposition = next(q for q in rewards if FAMILY_OF[q].name == "disposition")
+        if sample.clean_labels[disposition] == 2:  # options in canonical order: benign-like first, malicious-like last
+            values = list(rewards[disposition].values())
+            assert values[0] < values[-1] - 4
 
 
 def test_decisive_signals_appear_as_words_in_every_state():
