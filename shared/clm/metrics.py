@@ -200,6 +200,40 @@ def _per_question(p: PredictionSet) -> _PerQuestion:
     )
 
 
+# The per-question metrics a report averages, and the questions each one averages over.
+AVERAGED_METRICS = ("accuracy", "nll", "brier", "rps", "expected_reward")
+LOWER_IS_BETTER = frozenset({"nll", "brier", "ece", "rps"})
+
+
+@dataclass(frozen=True)
+class PerQuestionValues:
+    """Per-question value and "counts for this metric" mask of every averaged metric, plus what ECE needs.
+
+    The means of ``values[m][masks[m]]`` are exactly ``decision_metrics``'s
+    overall numbers; resampling code (``clm.bootstrap``) reweights them.
+    """
+
+    values: dict[str, np.ndarray]
+    masks: dict[str, np.ndarray]
+    confidence: np.ndarray
+    correct: np.ndarray
+    labelled: np.ndarray
+
+
+def per_question_values(predictions: "PredictionSet | Sequence[QuestionPrediction]") -> PerQuestionValues:
+    q = _per_question(_as_prediction_set(predictions))
+    scored = q.labelled & q.is_score
+    return PerQuestionValues(
+        values={"accuracy": q.correct.astype(np.float64), "nll": q.nll, "brier": q.brier, "rps": q.rps,
+                "expected_reward": q.expected_reward},
+        masks={"accuracy": q.labelled, "nll": q.labelled, "brier": q.labelled, "rps": scored,
+               "expected_reward": q.rewarded},
+        confidence=q.confidence,
+        correct=q.correct.astype(np.float64),
+        labelled=q.labelled,
+    )
+
+
 def calibration_bins(confidence: np.ndarray, correct: np.ndarray, bins: int = ECE_BINS) -> dict[str, np.ndarray]:
     """Per equal-width bin over (0, 1]: count, mean confidence, accuracy (NaN where a bin is empty)."""
     confidence = np.asarray(confidence, dtype=np.float64)
