@@ -24,10 +24,19 @@ from clm.procs import ManagedProcess, free_port, start_redis, wait_http, wait_un
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT / "tests" / "trainer"))
 
-from trainer_support import TOKEN, TrainerStack, is_terminal, wait_job  # noqa: E402
+from trainer_support import (  # noqa: E402
+    TOKEN,
+    TrainerStack,
+    events,
+    is_terminal,
+    wait_epoch_checkpointed,
+    wait_event,
+    wait_job,
+)
 
 __all__ = ["TOKEN", "TrainerStack", "is_terminal", "wait_job", "RestartableRedis", "Embedder", "Serve",
-           "events", "submit", "job_config", "SizeLimitedMount", "wait_event"]
+           "events", "submit", "job_config", "SizeLimitedMount", "wait_event", "backend_texts_encoded",
+           "wait_epoch_checkpointed"]
 
 QUIET_ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1",
              "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -163,24 +172,6 @@ def submit(client: httpx.Client, config: dict) -> str:
     return response.json()["id"]
 
 
-def events(client: httpx.Client, job_id: str) -> list[dict]:
-    return [json.loads(line) for line in client.get(f"/jobs/{job_id}/events").text.splitlines() if line]
-
-
-def wait_event(client: httpx.Client, job_id: str, predicate, timeout: float, what: str,
-               stack: TrainerStack | None = None) -> dict:
-    deadline = time.monotonic() + timeout
-    seen: list[dict] = []
-    while time.monotonic() < deadline:
-        seen = events(client, job_id)
-        for event in seen:
-            if predicate(event):
-                return event
-        time.sleep(0.1)
-    raise AssertionError(f"no event {what} within {timeout:.0f}s; events: {seen[-10:]}\n"
-                         f"{stack.logs() if stack else ''}")
-
-
 class SizeLimitedMount:
     """A small, size-limited filesystem mounted at ``path``: tmpfs, else a loop-mounted ext2 image.
 
@@ -254,6 +245,11 @@ def stop_all(*things: Any) -> None:
             continue
         with contextlib.suppress(Exception):
             thing.stop()
+
+
+def backend_texts_encoded(embedder_url: str) -> int:
+    """Texts the embedder's encoder has really encoded since it started (cache misses that reached it)."""
+    return httpx.get(f"{embedder_url}/v1/cache/stats", timeout=10).json()["backend_texts_encoded"]
 
 
 def wait_for(predicate, timeout: float, what: str) -> None:

@@ -35,11 +35,13 @@ from faults_support import (
     Serve,
     SizeLimitedMount,
     TrainerStack,
+    backend_texts_encoded,
     events,
     is_terminal,
     job_config,
     stop_all,
     submit,
+    wait_epoch_checkpointed,
     wait_event,
     wait_for,
     wait_job,
@@ -146,9 +148,9 @@ def test_worker_sigkilled_in_embedding_and_in_training(stack, embedder, fault_re
         stack.workers[killed_embedding].kill()  # SIGKILL: no heartbeat, no cleanup, no release
         stack.start_worker("w-c")
 
-        job = wait_job(client, job_id, lambda j: j["status"] == "running" and j["attempts"] == 2
-                       and j["phase"] == "training" and (j["progress"].get("epoch") or 0) >= 2, 120, stack,
-                       "the second attempt to train two epochs")
+        # The assertion below needs two *checkpointed* epochs; progress.epoch counts the one in flight.
+        job = wait_epoch_checkpointed(client, job_id, 2, 120, stack)
+        assert job["status"] == "running" and job["attempts"] == 2, job
         killed_training = job["worker"]
         assert killed_training != killed_embedding
         stack.workers[killed_training].kill()
@@ -270,10 +272,12 @@ def test_embedder_sigkilled_during_embedding(stack, embedder, redis_aof, fingerp
     config = job_config(name="s2-embedder-crash", epochs=3, data_prefix="s2-", seed=3)
     texts = job_texts(root, "s2-")
     with stack.client() as client:
+        encoded_before = backend_texts_encoded(embedder.url)
         job_id = submit(client, config)
-        wait_job(client, job_id, lambda j: j["status"] == "running" and j["phase"] == "embedding", 60, stack,
-                 "the job to start embedding")
-        time.sleep(1.0)  # some requests answered and cached, others in flight
+        # Kill on the state the assertions need (some of the job's texts encoded and cached, the job not
+        # done embedding), not after a fixed sleep from the phase change.
+        wait_for(lambda: backend_texts_encoded(embedder.url) > encoded_before, 60,
+                 "the embedder to encode some of the job's texts")
         embedder.kill()
         killed_at = time.monotonic()
         # The job does not fail: it waits, and says so in its events (bounded retries with backoff).

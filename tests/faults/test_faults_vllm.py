@@ -19,11 +19,13 @@ from clm.procs import start_redis
 from faults_support import (
     Embedder,
     TrainerStack,
+    backend_texts_encoded,
     events,
     is_terminal,
     job_config,
     submit,
     wait_event,
+    wait_for,
     wait_job,
     write_split_data,
 )
@@ -67,10 +69,11 @@ def test_vllm_stopped_during_a_job(stack, vllm_server, fault_report):
     probe_text = f"a text first asked for while vLLM is down {time.time()}"
     try:
         with stack.client() as client:
+            encoded_before = backend_texts_encoded(embedder.url)
             job_id = submit(client, job_config(name="s3-vllm-crash", epochs=3, data_prefix="s3-", seed=3))
-            wait_job(client, job_id, lambda j: j["status"] == "running" and j["phase"] == "embedding", 90, stack,
-                     "the job to start embedding")
-            time.sleep(0.5)
+            # Kill on state (vLLM has encoded some of the job's texts), not after a sleep from the phase change.
+            wait_for(lambda: backend_texts_encoded(embedder.url) > encoded_before, 90,
+                     "vLLM to encode some of the job's texts")
             vllm_server.kill()
             killed_at = time.monotonic()
 

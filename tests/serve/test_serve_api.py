@@ -77,7 +77,7 @@ async def test_invalid_requests_get_vllms_400(tmp_path, tiny_model_dir, tiny_enc
         ({**variant(q={"type": "noul"}), "images": ["https://x/y.png"]}, "does not take image inputs"),
         ({**variant(q={"type": "noul"}), "audio": ["data:audio/wav;base64,AAAA"]}, "does not take audio inputs"),
         ({"questions": {"q": {"type": "noul"}}}, "state"),  # missing state: a validation error
-        ({**variant(q={"type": "noul"}), "state": [1, 2]}, "state must be text or a JSON object"),
+        ({**variant(q={"type": "noul"}), "state": [1, 2]}, "state must be a string or a JSON object"),
         ({**variant(q={"type": "noul"}), "cache_salt": ""}, "cache_salt"),
     ]
     async with serve_in_process(serve_settings(tmp_path, tiny_model_dir), tiny_encoder) as (client, _):
@@ -91,6 +91,16 @@ async def test_invalid_requests_get_vllms_400(tmp_path, tiny_model_dir, tiny_enc
         assert error["type"] == "NotFoundError" and error["param"] == "model"
         # Unknown top-level fields are ignored, as by vLLM's OpenAI models (extra="allow").
         assert (await client.post("/v1/systemone", json={**TRIAGE_REQUEST, "temperature": 0})).status_code == 200
+        # What a valid state is, decided once (clm.records.model.checked_state) and as vLLM decides it:
+        # an empty state text is one vLLM's schema takes, so clm-serve and the records loader take it too.
+        import jsonschema
+
+        from clm.records import parse_record
+
+        empty = {**TRIAGE_REQUEST, "state": ""}
+        jsonschema.validate(empty, schemas["structured_decision_request"])
+        assert (await client.post("/v1/systemone", json=empty)).status_code == 200
+        parse_record({"id": "r-empty", "state": "", "questions": TRIAGE_REQUEST["questions"]})
 
 
 async def test_no_heads_means_503_and_not_ready(tmp_path, tiny_model_dir, tiny_encoder, fingerprint, schemas):
@@ -273,12 +283,13 @@ async def test_encoder_faults_are_503_or_400_and_stay_with_their_request(tmp_pat
 
 
 def test_shared_encoder_calls_split_token_counts_exactly():
-    from clm.encoders.coalescing import split_in_proportion as _split_tokens
+    """clm-serve bills a shared encoder call by the core's one split (clm.microbatch.split_tokens)."""
+    from clm.microbatch import split_tokens
 
-    assert _split_tokens(17, [40]) == [17]
-    parts = _split_tokens(101, [10, 20, 30, 41])
+    assert split_tokens(17, [["a" * 40]]) == [17]
+    parts = split_tokens(101, [["a" * 9], ["b" * 19], ["c" * 29], ["d" * 40]])
     assert sum(parts) == 101 and parts == sorted(parts)
-    assert _split_tokens(5, [0, 0]) in ([3, 2], [2, 3])
+    assert split_tokens(5, [[], []]) in ([3, 2], [2, 3])
 
 
 async def test_options_seen_in_training_are_projected_before_the_first_request(tmp_path, tiny_model_dir,

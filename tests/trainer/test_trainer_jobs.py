@@ -19,7 +19,15 @@ import pytest
 from clm.checkpoint import list_versions, resolve_latest
 from clm.procs import ManagedProcess, free_port, start_redis, wait_http
 
-from trainer_support import TOKEN, TrainerStack, is_terminal, recipe_config, wait_job, write_data
+from trainer_support import (
+    TOKEN,
+    TrainerStack,
+    is_terminal,
+    recipe_config,
+    wait_epoch_checkpointed,
+    wait_job,
+    write_data,
+)
 
 
 class RestartableRedis:
@@ -127,8 +135,8 @@ def test_a_sigkilled_worker_job_completes_once_on_the_other_worker(stack, local_
         job_id = submit(client, config)
         streamed: list[dict] = []
         follower = follow_events(stack, job_id, streamed)
-        running = wait_job(client, job_id, lambda j: j["status"] == "running" and j["phase"] == "training"
-                           and (j["progress"].get("epoch") or 0) >= 2, 240, stack, "training to reach epoch 2")
+        running = wait_epoch_checkpointed(client, job_id, 1, 240, stack)  # what resumed_from_epoch >= 1 needs
+        assert running["status"] == "running", running
         victim = running["worker"]
         stack.workers[victim].kill()  # SIGKILL: no heartbeat, no cleanup, no release
         job = wait_job(client, job_id, is_terminal, 300, stack, "the job to finish on the other worker")

@@ -9,6 +9,7 @@ user running the service from a checkout.
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 import uuid
@@ -137,6 +138,38 @@ def wait_job(client: httpx.Client, job_id: str, predicate, timeout: float, stack
         time.sleep(0.1)
     logs = stack.logs() if stack is not None else ""
     raise AssertionError(f"gave up waiting for {what} (timeout {timeout:.0f}s); last job: {job}\n{logs}")
+
+
+def events(client: httpx.Client, job_id: str) -> list[dict]:
+    return [json.loads(line) for line in client.get(f"/jobs/{job_id}/events").text.splitlines() if line]
+
+
+def wait_event(client: httpx.Client, job_id: str, predicate, timeout: float, what: str,
+               stack: TrainerStack | None = None) -> dict:
+    """Poll the job's event log until an event satisfies ``predicate``; fails with the logs on timeout."""
+    deadline = time.monotonic() + timeout
+    seen: list[dict] = []
+    while time.monotonic() < deadline:
+        seen = events(client, job_id)
+        for event in seen:
+            if predicate(event):
+                return event
+        time.sleep(0.1)
+    raise AssertionError(f"no event {what} within {timeout:.0f}s; events: {seen[-10:]}\n"
+                         f"{stack.logs() if stack else ''}")
+
+
+def wait_epoch_checkpointed(client: httpx.Client, job_id: str, epoch: int, timeout: float,
+                            stack: TrainerStack | None = None) -> dict:
+    """Wait until the job has *finished and checkpointed* epoch ``epoch`` (its ``epoch`` event, written
+    after the loop saved its resume state); returns the job then.
+
+    Not the job's ``progress.epoch``: that counts the epoch in flight, while a resumed attempt
+    continues after the last *finished* one, so waiting on progress and asserting on resume races.
+    """
+    wait_event(client, job_id, lambda e: e.get("type") == "epoch" and e.get("epoch", 0) >= epoch, timeout,
+               f"epoch {epoch} finished and checkpointed", stack)
+    return client.get(f"/jobs/{job_id}").json()
 
 
 def is_terminal(job: dict) -> bool:

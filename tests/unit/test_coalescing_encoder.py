@@ -75,3 +75,87 @@ def test_a_failed_batch_fails_every_caller_in_it(tiny_qwen3_dir):
 def test_token_split_is_exact_and_non_negative(total, calls):
     counts = split_tokens(total, calls)
     assert sum(counts) == total and all(c >= 0 for c in counts) and len(counts) == len(calls)
+
+
+class RefusingBackend(CountingBackend):
+    """The real encoder, refusing any text that contains ``REFUSE`` the way vLLM refuses an over-long input.
+
+    Fault injection: the tiny local model truncates instead of refusing; the same path against a real
+    vLLM server is tested in tests/embedder/test_embedder_vllm.py.
+    """
+
+    async def encode(self, texts):
+        from clm.encoders.base import EncoderInputError
+
+        self.calls += 1
+        self.batch_sizes.append(len(texts))
+        for index, text in enumerate(texts):
+            if "REFUSE" in text:
+                raise EncoderInputError(index, "input is longer than the model's context", 400)
+        return await self.inner.encode(texts)
+
+
+def test_a_refused_input_fails_only_its_own_caller_naming_its_own_index(local):
+    """Bug (issue 12): one caller's refused text failed every caller merged into the same batch."""
+    from clm.encoders.base import EncoderInputError
+
+    requests = [[f"caller {i} text {j}" for j in range(3)] for i in range(6)]
+    requests[4][2] = "caller 4 REFUSE"
+    refusing = RefusingBackend(local)
+
+    async def run():
+        encoder = CoalescingEncoder(refusing, max_batch_texts=64, window_ms=20)
+        return await asyncio.gather(*(encoder.encode(texts) for texts in requests), return_exceptions=True)
+
+    outcomes = asyncio.run(run())
+    assert isinstance(outcomes[4], EncoderInputError) and outcomes[4].index == 2, outcomes[4]
+    for i, outcome in enumerate(outcomes):
+        if i != 4:
+            assert not isinstance(outcome, BaseException), (i, outcome)
+            np.testing.assert_allclose(outcome.vectors, local.encode_blocking(requests[i]).vectors, atol=1e-5)
+    assert refusing.batch_sizes[0] == 18  # the callers really shared one batch before the refusal
+
+
+def test_through_the_cache_the_refused_index_is_the_callers_own(local, tmp_path):
+    """The embedder's path: cache -> coalescer -> backend. Cache hits and duplicates come before the bad
+    text, so its position among the misses differs from its position in the caller's input."""
+    from clm.cache import DiskTier, EmbeddingCache
+    from clm.encoders.base import EncoderInputError
+
+    refusing = RefusingBackend(local)
+
+    async def run():
+        cache = EmbeddingCache(redis=None, disk=DiskTier(tmp_path / "cache"), store_dtype="float32")
+        encoder = CoalescingEncoder(refusing, window_ms=20)
+        try:
+            await cache.get_or_encode(["known a", "known b"], encoder)
+            mine = ["known a", "new 1", "known b", "new 1", "REFUSE me"]
+            others = [[f"other {i}"] for i in range(4)]
+            return await asyncio.gather(cache.get_or_encode(mine, encoder),
+                                        *(cache.get_or_encode(t, encoder) for t in others), return_exceptions=True)
+        finally:
+            await encoder.close()  # the batcher only: the module's encoder stays open
+            await cache.aclose()
+
+    mine, *others = asyncio.run(run())
+    assert isinstance(mine, EncoderInputError) and mine.index == 4, mine
+    assert all(not isinstance(o, BaseException) and o.vectors.shape == (1, local.dim) for o in others), others
+
+
+def test_a_shared_batch_splits_its_tokens_by_one_rule(local):
+    """One token split for every batcher (issue 12: one used len(t)+1, the other len(t)): a caller's
+    share is proportional to its texts' characters plus one per text, so a caller of empty texts
+    (which still cost the special tokens) never reports zero tokens."""
+    requests = [["", ""], ["a longer text of several words"], ["x"]]
+    counting = CountingBackend(local)
+
+    async def run():
+        encoder = CoalescingEncoder(counting, window_ms=20)
+        return await asyncio.gather(*(encoder.encode(t) for t in requests))
+
+    results = asyncio.run(run())
+    assert counting.calls == 1
+    total = local.encode_blocking([t for r in requests for t in r]).prompt_tokens
+    assert [r.prompt_tokens for r in results] == split_tokens(total, requests)
+    assert split_tokens(12, [["", ""], ["abc"]]) == [4, 8]  # weights 2 and 4
+    assert results[0].prompt_tokens > 0

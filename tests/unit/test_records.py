@@ -180,7 +180,6 @@ MALFORMED = [
     ("negative weight", record(weight=-2.5), "weight", "> 0"),
     ("weight as string", record(weight="1"), "weight", "must be a number"),
     ("state as list", record(state=["a"]), "state", "string or a JSON object"),
-    ("empty state text", record(state="  "), "state", "empty"),
     ("empty instructions", record(instructions=""), "instructions", "at least 1 character"),
     ("id missing", {k: v for k, v in record().items() if k != "id"}, "id", "Field required"),
 ]
@@ -261,3 +260,9 @@ def test_non_finite_state_built_in_python_is_refused():
     with pytest.raises(RecordError) as caught:
         parse_record(record(state={"score": float("nan")}))
     assert caught.value.field == "state.score" and caught.value.source == "<record>"
+
+
+@pytest.mark.parametrize("state", ["", "   "])
+def test_an_empty_state_text_is_valid_as_in_vllm(state):
+    """vLLM's /v1/systemone takes any text as the state (issue 12: the records loader refused "")."""
+    assert parse_record(record(state=state)).state == state

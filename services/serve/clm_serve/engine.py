@@ -18,9 +18,10 @@ import numpy as np
 import torch
 
 from clm.encoders.base import EncoderBackend
+from clm.encoders.coalescing import CoalescingEncoder
 
 from clm_serve.action_cache import OptionEmbeddings, round_vectors
-from clm_serve.batcher import EncodeBatcher, ProjectionBatcher
+from clm_serve.batcher import ProjectionBatcher
 from clm_serve.loaded_heads import LoadedHeads
 from clm_serve.question_types import Question
 
@@ -38,7 +39,7 @@ class DecisionEngine:
         self,
         encoder: EncoderBackend,
         options: OptionEmbeddings,
-        states: EncodeBatcher,
+        states: CoalescingEncoder,
         batcher: ProjectionBatcher,
         *,
         round_to: str,
@@ -59,8 +60,8 @@ class DecisionEngine:
         return Decision(probs=probs, input_tokens=tokens)
 
     async def _encode_states(self, texts: list[str]) -> tuple[np.ndarray, int]:
-        vectors, tokens = await self.states.encode(texts)
-        return round_vectors(vectors, self.round_to), int(tokens)
+        result = await self.states.encode(texts)
+        return round_vectors(result.vectors, self.round_to), int(result.prompt_tokens)
 
     async def _action_matrices(self, heads: LoadedHeads, questions: Sequence[Question]) -> list[torch.Tensor]:
         """``[options, proj_dim]`` per question: cache hits, plus one encode + one projection for all misses."""

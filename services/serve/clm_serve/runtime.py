@@ -15,9 +15,10 @@ import contextlib
 import logging
 
 from clm.encoders.base import EncoderBackend, EncoderError
+from clm.encoders.coalescing import CoalescingEncoder
 
 from clm_serve.action_cache import OptionEmbeddings
-from clm_serve.batcher import EncodeBatcher, ProjectionBatcher
+from clm_serve.batcher import ProjectionBatcher
 from clm_serve.encoding import open_encoder
 from clm_serve.engine import DecisionEngine
 from clm_serve.metrics import ServeMetrics
@@ -38,7 +39,7 @@ class ServeRuntime:
         self.engine: DecisionEngine | None = None
         self.manager: HeadsManager | None = None
         self.batcher: ProjectionBatcher | None = None
-        self.encode_batcher: EncodeBatcher | None = None
+        self.encode_batcher: CoalescingEncoder | None = None
         self.startup_error: str | None = None
         self.fatal_error: str | None = None
         self._stop = asyncio.Event()
@@ -66,7 +67,6 @@ class ServeRuntime:
             window_s=self.settings.batch_window_ms / 1000.0, max_items=self.settings.max_batch_questions,
             on_batch=self.metrics.batch_questions.observe,
         )
-        self.batcher.start()
         self._task = asyncio.create_task(self._run(), name="clm-serve-runtime")
 
     async def stop(self) -> None:
@@ -87,17 +87,17 @@ class ServeRuntime:
             if self.encoder is None:
                 return
             settings = self.settings
-            options = OptionEmbeddings(
-                self.encoder, max_entries=settings.option_store_max_entries, round_to=settings.embedding_round_to,
-                on_encoded=self.metrics.option_texts_encoded.inc,
-            )
-            self.encode_batcher = EncodeBatcher(
-                self.encoder, window_s=settings.batch_window_ms / 1000.0, max_items=settings.max_batch_texts,
+            # State texts and new option texts of concurrent requests share encoder calls.
+            self.encode_batcher = CoalescingEncoder(
+                self.encoder, window_ms=settings.batch_window_ms, max_batch_texts=settings.max_batch_texts,
                 # One local forward at a time (one model thread); overlapping round trips to an embedder.
-                max_in_flight=settings.embedder_concurrency if settings.embedder_url else 1,
+                max_concurrency=settings.embedder_concurrency if settings.embedder_url else 1,
                 on_batch=self.metrics.batch_texts.observe,
             )
-            self.encode_batcher.start()
+            options = OptionEmbeddings(
+                self.encode_batcher, max_entries=settings.option_store_max_entries,
+                round_to=settings.embedding_round_to, on_encoded=self.metrics.option_texts_encoded.inc,
+            )
             self.engine = DecisionEngine(self.encoder, options, self.encode_batcher, self.batcher,
                                          round_to=settings.embedding_round_to)
             warm = []

@@ -14,6 +14,8 @@ from typing import Any
 from fastapi import Request
 
 from clm.encoders.base import EncoderError, EncoderInputError
+from clm.records import FieldProblem
+from clm.records.model import checked_state
 from clm.texts import render_state, state_text
 from clm_http.errors import APIError
 
@@ -59,15 +61,12 @@ def check_media(request: StructuredDecisionRequest) -> None:
 
 def render_state_texts(request: StructuredDecisionRequest, questions: list[Question], max_chars: int) -> list[str]:
     """One state text per question, byte for byte the trainer's (``clm.texts``)."""
-    state: Any = request.state
-    if not isinstance(state, (str, dict)):
-        raise StructuredDecisionError(
-            f"state must be text or a JSON object, got {type(state).__name__} (the text contract renders only these)",
-            param="state",
-        )
     try:
-        rendered = render_state(state)
-    except ValueError as error:  # NaN/Infinity in the JSON: no canonical text exists
+        # The records loader's rule, so a state the trainer accepts is one clm-serve accepts (vLLM's: any text).
+        rendered = render_state(checked_state(request.state))
+    except FieldProblem as problem:
+        raise StructuredDecisionError(f"{problem.field}: {problem.reason}", param=problem.field) from None
+    except ValueError as error:  # NaN/Infinity parsed from the body: no canonical text exists
         raise StructuredDecisionError(f"state is not strict JSON: {error}", param="state") from None
     if len(rendered) > max_chars:
         raise StructuredDecisionError(

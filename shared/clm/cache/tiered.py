@@ -42,7 +42,7 @@ from clm.cache.disk_tier import DiskTier, DiskTierFull
 from clm.cache.metrics import CacheMetrics, cache_metrics
 from clm.cache.redis_tier import RedisTier, TierUnavailable
 from clm.cache.results import CacheHealth, CacheResult, CacheTotals, TierHealth
-from clm.encoders.base import EncoderBackend, EncoderError
+from clm.encoders.base import EncoderBackend, EncoderError, EncoderInputError
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,12 @@ class _Lookup:
 
     def resolve(self, key: bytes, vector: np.ndarray) -> None:
         self.futures[key].set_result(vector)
+        del self.pending[key]
+
+    def refuse(self, key: bytes, error: EncoderInputError) -> None:
+        """The backend refused this text: its waiters get ``error``; nothing is cached for it."""
+        self.futures[key].set_exception(error)
+        self.futures[key].exception()  # mark retrieved: a refusal nobody else joined must not log a warning
         del self.pending[key]
 
 
@@ -137,7 +143,14 @@ class EmbeddingCache:
             self._tasks.add(task)
             task.add_done_callback(self._forget_task)
             await asyncio.shield(task)
-        rows = {key: await asyncio.shield(future) for key, future in futures.items()}
+        try:
+            rows = {key: await asyncio.shield(future) for key, future in futures.items()}
+        except EncoderInputError as refused:
+            # Name the refused text by its place in THIS caller's input (not among the misses, not in
+            # whatever batch the backend saw), also when another caller's lookup met it first.
+            if refused.text is not None and refused.text in texts:
+                raise refused.at(list(texts).index(refused.text)) from None
+            raise
 
         vectors = np.empty((len(texts), dim), dtype=np.float32)
         for row, key in enumerate(keys):
@@ -285,6 +298,21 @@ class EmbeddingCache:
 
     async def _encode_batch(self, batch: list[tuple[bytes, str]], backend: EncoderBackend,
                             gate: asyncio.Semaphore, lookup: _Lookup) -> int:
+        """Encode and store ``batch``; a text the backend refuses fails only its own waiters: the rest
+        of the batch is encoded again without it (other callers may be waiting on those texts)."""
+        while batch:
+            try:
+                return await self._encode_and_store_batch(batch, backend, gate, lookup)
+            except EncoderInputError as refused:
+                if not 0 <= refused.index < len(batch):
+                    raise
+                key, text = batch[refused.index]
+                lookup.refuse(key, EncoderInputError(refused.index, refused.detail, refused.status, text))
+                batch = batch[: refused.index] + batch[refused.index + 1 :]
+        return 0
+
+    async def _encode_and_store_batch(self, batch: list[tuple[bytes, str]], backend: EncoderBackend,
+                                      gate: asyncio.Semaphore, lookup: _Lookup) -> int:
         keys = [key for key, _ in batch]
         async with gate:
             self.metrics.backend_batch_texts.observe(len(batch))

@@ -14,6 +14,8 @@ from typing import Literal, Protocol, runtime_checkable
 
 import numpy as np
 
+from clm.errors import BAD_INPUT, UNAVAILABLE, KindedError
+
 Pooling = Literal["last", "mean", "cls"]
 
 
@@ -52,8 +54,10 @@ class EncodeResult:
     prompt_tokens: int  # tokens actually encoded (for the OpenAI `usage` field)
 
 
-class EncoderError(RuntimeError):
+class EncoderError(KindedError, RuntimeError):
     """The backend could not encode (down, timed out, refused). Nothing from the call may be cached."""
+
+    kind = UNAVAILABLE
 
 
 class EncoderInputError(EncoderError):
@@ -63,11 +67,19 @@ class EncoderInputError(EncoderError):
     to ``encode``), not with 503: retrying the same input cannot succeed.
     """
 
-    def __init__(self, index: int, detail: str, status: int | None = None) -> None:
+    kind = BAD_INPUT
+
+    def __init__(self, index: int, detail: str, status: int | None = None, text: str | None = None) -> None:
         self.index = index
+        self.text = text  # the refused text, when the layer that raised this knew it (the cache does)
+        self.param = f"input.{index}"
         self.detail = detail
         self.status = status
         super().__init__(f"input {index} was refused by the encoder" + (f" ({status})" if status else "") + f": {detail}")
+
+    def at(self, index: int) -> "EncoderInputError":
+        """The same refusal, located at ``index`` of another list (a caller's own input, not a batch)."""
+        return EncoderInputError(index, self.detail, self.status, self.text)
 
 
 @runtime_checkable

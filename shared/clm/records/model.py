@@ -52,6 +52,23 @@ def _check_finite_tree(value: Any, path: str) -> None:
             _check_finite_tree(child, join_path(path, index))
 
 
+def checked_state(state: Any) -> str | dict[str, Any]:
+    """The one rule of what a valid state is, shared by the records loader and clm-serve.
+
+    vLLM's ``/v1/systemone`` takes any text as the state, the empty one
+    included (a request may carry all its meaning in the questions), so we do
+    too. A JSON object must have string keys and finite numbers, because only
+    then does its canonical text (``clm.texts.render_state``) exist. Raises
+    ``FieldProblem`` naming the path at fault.
+    """
+    if isinstance(state, str):
+        return state
+    if isinstance(state, dict):
+        _check_finite_tree(state, "state")
+        return state
+    raise FieldProblem("state", f"state must be a string or a JSON object, got {describe(state)}")
+
+
 class SystemOneRequest(BaseModel):
     """A decision request: a state and an ordered map of typed questions (ARCHITECTURE §2)."""
 
@@ -71,14 +88,7 @@ class SystemOneRequest(BaseModel):
     @field_validator("state")
     @classmethod
     def _state_is_text_or_object(cls, state: Any) -> str | dict[str, Any]:
-        if isinstance(state, str):
-            if not state.strip():
-                raise ValueError("state text is empty")
-            return state
-        if isinstance(state, dict):
-            _check_finite_tree(state, "state")
-            return state
-        raise ValueError(f"state must be a string or a JSON object, got {describe(state)}")
+        return checked_state(state)
 
 
 class Record(SystemOneRequest):
