@@ -60,7 +60,9 @@ def base_config(tiny_encoder, soc_data, warm_cache, tmp_path) -> dict:
 
 def run(config: dict, overrides: dict | None = None, **recipe_kwargs):
     cfg = build_config(config, list((overrides or {}).items()))
-    return TrainCLMHeadsRecipe(cfg, **recipe_kwargs).run_train_validation_loop()
+    recipe = TrainCLMHeadsRecipe(cfg, **recipe_kwargs)
+    assert recipe.run_train_validation_loop() is None  # documented: the outcome is in recipe.result
+    return recipe.result
 
 
 def state_bytes(checkpoint_path: Path) -> bytes:
@@ -180,8 +182,7 @@ def test_heads_from_another_encoder_are_refused(base_config, tmp_path):
 def test_evaluate_returns_identified_predictions(base_config):
     cfg = build_config(base_config)
     recipe = TrainCLMHeadsRecipe(cfg)
-    recipe.setup()
-    recipe._embed_all()
+    recipe.setup()  # loads the splits and embeds every text
     heads = recipe._initial_heads()
     summary, predictions = recipe.evaluate(heads, recipe.encoded["validation"], batch_size=7)
     records = load_records(base_config["data"]["validation"])
@@ -189,8 +190,11 @@ def test_evaluate_returns_identified_predictions(base_config):
     assert [(p["record_id"], p["question_id"]) for p in predictions] == expected
     assert all(abs(sum(p["probs"]) - 1.0) < 1e-6 for p in predictions)
     assert summary["overall"]["count"] == len(expected)
-    logits, targets = recipe._forward(heads, recipe.encoded["validation"][:3])
-    assert [[q.question_id for q in record] for record in logits] == [list(q) for q in targets.question_ids]
+    logits, targets = recipe._forward(heads, records[:3])
+    assert [[q.question_id for q in record] for record in logits] == [[t.question_id for t in record]
+                                                                       for record in targets]
+    assert [[q.option_ids for q in record] for record in logits] == [[t.option_ids for t in record]
+                                                                     for record in targets]
     assert all(isinstance(q.values, torch.Tensor) for record in logits for q in record)
 
 
@@ -249,7 +253,9 @@ def test_minilm_sft_from_infonce_heads_learns_and_rl_raises_reward(tmp_path):
     ):
         cfg = load_config(EXAMPLE, [*common, *extra, "--loss.mode", stage, "--output.name", f"soc-{stage}",
                                     "--output.report_dir", str(tmp_path / f"report-{stage}")])
-        stages[stage] = TrainCLMHeadsRecipe(cfg).run_train_validation_loop()
+        recipe = TrainCLMHeadsRecipe(cfg)
+        recipe.run_train_validation_loop()
+        stages[stage] = recipe.result
 
     assert stages["infonce"].texts_embedded == stages["infonce"].texts_total
     assert stages["sft"].texts_embedded == stages["rl"].texts_embedded == 0

@@ -12,18 +12,16 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
-from clm.encoders.base import EncoderBackend, EncoderError, Pooling
+from clm.encoders.base import EncoderBackend, EncoderError
 from clm.encoders.minilm import MINILM_NAME, minilm_model_dir
+from clm.encoders.model_identity import resolve_pooling
 
 from clm_serve.settings import ServeSettings
 
 logger = logging.getLogger(__name__)
-
-_CAUSAL_MODEL_TYPES = frozenset({"qwen2", "qwen3", "llama", "mistral", "gemma", "gemma2", "gemma3", "phi3"})
 
 
 def resolve_model_dir(model: str) -> tuple[Path, str]:
@@ -34,14 +32,6 @@ def resolve_model_dir(model: str) -> tuple[Path, str]:
     if not (path / "config.json").is_file():
         raise EncoderError(f"encoder model {model!r} is neither 'minilm' nor a local folder with a config.json")
     return path, path.name
-
-
-def auto_pooling(model_dir: Path) -> Pooling:
-    """Last-token pooling for causal decoders (Qwen3-Embedding), mean pooling for BERT-style encoders."""
-    config = json.loads((model_dir / "config.json").read_text())
-    architectures = config.get("architectures") or []
-    causal = config.get("model_type") in _CAUSAL_MODEL_TYPES or any(a.endswith("ForCausalLM") for a in architectures)
-    return "last" if causal else "mean"
 
 
 def open_encoder(settings: ServeSettings) -> EncoderBackend:
@@ -55,7 +45,7 @@ def _open_local(settings: ServeSettings) -> EncoderBackend:
     from clm.encoders.local import LocalEncoder
 
     model_dir, name = resolve_model_dir(settings.encoder_model)
-    pooling = auto_pooling(model_dir) if settings.encoder_pooling == "auto" else settings.encoder_pooling
+    pooling = resolve_pooling(settings.encoder_pooling, model_dir)  # the one `auto` rule, as the trainer's
     encoder = LocalEncoder(
         model_dir, pooling=pooling, normalize=True, dtype=settings.encoder_dtype,
         max_tokens=settings.encoder_max_tokens, model_name=name, device=settings.encoder_device,

@@ -126,5 +126,6 @@ def run_job(config: dict[str, Any], *, job_id: str, work_dir: Path, progress: Pr
 
     recipe = _JobRecipe(cfg, progress=on_progress, resume_dir=resume_dir, on_epoch_end=on_epoch_end,
                         job_id=job_id, work_dir=work_dir, should_cancel=should_cancel)
-    result = recipe.run_train_validation_loop()
-    return {**result.as_dict(), "resumed_from_epoch": from_epoch or None}
+    recipe.run_train_validation_loop()
+    assert recipe.result is not None  # the worker runs one process: rank 0
+    return {**recipe.result.as_dict(), "resumed_from_epoch": from_epoch or None}

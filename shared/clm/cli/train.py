@@ -3,11 +3,16 @@
     clm train --config examples/decision/clm_soc_triage.yaml --loss.mode sft
     clm train --config examples/decision/clm_soc_triage.yaml --mode eval --heads.init_checkpoint var/checkpoints/soc
     clm train --config examples/decision/clm_soc_triage.yaml --submit http://trainer:8000 --token $TOKEN
+    clm train --config examples/decision/clm_soc_triage.yaml --nproc-per-node 8 --mode train --loss.mode sft
 
 Any ``--section.key value`` argument overrides the YAML (values are YAML
 scalars). In-process runs need no service: the local encoder and the disk
-cache do everything. ``--submit`` validates the same config locally, then
-posts it to the jobs API and prints its events until the job ends.
+cache do everything. ``--nproc-per-node N`` validates the config, then
+replaces this process with ``python -m torch.distributed.run --standalone
+--nproc-per-node N -m clm.recipes.train_clm_heads`` (torchrun): the texts
+are embedded by N ranks, each on its own device, and rank 0 trains.
+``--submit`` validates the same config locally, then posts it to the jobs
+API and prints its events until the job ends.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--token", help=f"bearer token for --submit (default: ${TOKEN_ENV})")
     parser.add_argument("--resume-dir", help="make an in-process run resumable from its last finished epoch")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--nproc-per-node", type=int, metavar="N",
+                        help="run under torchrun with N ranks on this machine (embedding sharded over them)")
     parser.set_defaults(func=run, accepts_overrides=True)
 
 
@@ -51,9 +58,33 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"clm train: {error}", file=sys.stderr)
         return EXIT_CONFIG
+    if args.nproc_per_node is not None:
+        return _run_torchrun(args, overrides)
     if args.submit:
         return _submit(args, config.to_json_dict())
     return _run_here(args, config)
+
+
+def torchrun_command(config: str, nproc_per_node: int, overrides: list[str]) -> list[str]:
+    """The torchrun command line ``clm train --nproc-per-node N`` runs (``--standalone``: one machine,
+    a free rendezvous port, so two runs on one host do not collide)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc_per_node}",
+            "-m", "clm.recipes.train_clm_heads", "--config", config, *overrides]
+
+
+def _run_torchrun(args: argparse.Namespace, overrides: list[str]) -> int:
+    problems = [flag for flag, given in (("--submit", args.submit), ("--resume-dir", args.resume_dir)) if given]
+    if args.nproc_per_node < 1:
+        problems.append("--nproc-per-node must be at least 1")
+    if problems:
+        print(f"clm train: --nproc-per-node runs the recipe under torchrun here; not with: {', '.join(problems)}",
+              file=sys.stderr)
+        return EXIT_CONFIG
+    command = torchrun_command(args.config, args.nproc_per_node, overrides)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(command[0], command)  # torchrun's exit status becomes clm train's
+    return EXIT_FAILED  # unreachable
 
 
 def _run_here(args: argparse.Namespace, config: Any) -> int:
@@ -64,8 +95,9 @@ def _run_here(args: argparse.Namespace, config: Any) -> int:
 
     progress = None if args.no_progress else TqdmProgress()
     resume_dir = Path(args.resume_dir) if args.resume_dir else None
+    recipe = TrainCLMHeadsRecipe(config, progress=progress, resume_dir=resume_dir)
     try:
-        result = TrainCLMHeadsRecipe(config, progress=progress, resume_dir=resume_dir).run_train_validation_loop()
+        recipe.run_train_validation_loop()
     except INPUT_ERRORS as error:  # bad config, data, checkpoint: the message says what to fix
         print(f"clm train: {type(error).__name__}: {error}", file=sys.stderr)
         return EXIT_CONFIG
@@ -75,7 +107,8 @@ def _run_here(args: argparse.Namespace, config: Any) -> int:
     finally:
         if progress is not None:
             progress.close()
-    _print_summary(result)
+    assert recipe.result is not None  # a single process is rank 0
+    _print_summary(recipe.result)
     return 0
 
 

@@ -6,7 +6,6 @@ models, choose pooling and derive fingerprints the same way.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -15,6 +14,7 @@ import httpx
 
 from clm.encoders.base import EncoderBackend, EncoderError, EncoderFingerprint, Pooling
 from clm.encoders.minilm import MINILM_NAME, minilm_model_dir
+from clm.encoders.model_identity import auto_pooling, resolve_pooling  # noqa: F401  (auto_pooling: the one rule)
 
 # Model names that resolve to a folder the project ships: name -> (folder locator, display name).
 MODEL_ALIASES = {"minilm": (minilm_model_dir, MINILM_NAME)}
@@ -62,13 +62,6 @@ def resolve_model(model: str) -> tuple[Path | None, str]:
     return None, model
 
 
-def auto_pooling(model_dir: Path) -> Pooling:
-    """Last-token for causal decoders (Qwen3-Embedding), mean for BERT-style encoders (MiniLM)."""
-    config = json.loads((model_dir / "config.json").read_text())
-    causal = config.get("is_decoder") or any(a.endswith("ForCausalLM") for a in config.get("architectures") or [])
-    return "last" if causal else "mean"
-
-
 def build_encoder(settings: Any = None, **overrides: Any) -> EncoderBackend:
     """The backend ``settings`` (an :class:`EncoderSpec` or any settings object) describes."""
     spec = settings if isinstance(settings, EncoderSpec) else EncoderSpec.from_settings(settings or object())
@@ -82,12 +75,7 @@ def build_encoder(settings: Any = None, **overrides: Any) -> EncoderBackend:
 
 
 def _pooling(spec: EncoderSpec, model_dir: Path | None) -> Pooling:
-    if spec.pooling != "auto":
-        return spec.pooling
-    if model_dir is None:
-        raise EncoderError(f"pooling 'auto' needs the model folder to inspect; {spec.model!r} is not one here: "
-                           "set the pooling explicitly")
-    return auto_pooling(model_dir)
+    return resolve_pooling(spec.pooling, model_dir, spec.model)
 
 
 def _build_local(spec: EncoderSpec, model_dir: Path | None, name: str) -> EncoderBackend:

@@ -136,3 +136,47 @@ def fingerprint_for_model_dir(
         max_tokens=max_tokens,
         template_version=template_version,
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# ``pooling: auto``: the one rule (issue 12). The embedder (via ``clm.encoders.factory``), the
+# recipe and clm-serve all resolve ``auto`` here, because the resolved pooling is part of the
+# fingerprint: two rules would give one model folder two fingerprints, and clm-serve would refuse
+# the heads the trainer made.
+
+# Decoder-only families (transformers ``model_type``). A folder saved as the bare backbone
+# (``architectures: ["Qwen3Model"]``, as Qwen3-Embedding ships) names no ``*ForCausalLM`` class, so
+# the family is what identifies a causal decoder there.
+CAUSAL_MODEL_TYPES = frozenset({
+    "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "llama", "mistral", "mixtral", "gemma", "gemma2", "gemma3",
+    "gemma3_text", "phi", "phi3", "gpt2", "gpt_neox", "falcon", "olmo", "olmo2", "granite", "starcoder2",
+})
+
+
+def is_causal_decoder(config: dict) -> bool:
+    """Whether a model's ``config.json`` describes a causal (decoder-only) model."""
+    architectures = config.get("architectures") or []
+    return bool(
+        config.get("is_decoder")
+        or config.get("model_type") in CAUSAL_MODEL_TYPES
+        or any(str(name).endswith("ForCausalLM") for name in architectures)
+    )
+
+
+def auto_pooling(model_dir: Path | str) -> Pooling:
+    """``auto``: last-token for causal decoders (Qwen3-Embedding, the clm-serve contract), mean otherwise
+    (BERT-style sentence encoders such as MiniLM)."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    return "last" if is_causal_decoder(config) else "mean"
+
+
+def resolve_pooling(pooling: str, model_dir: Path | str | None, model: str = "") -> Pooling:
+    """The concrete pooling for a configured one: ``auto`` is decided from the model folder."""
+    if pooling != "auto":
+        return pooling  # type: ignore[return-value]
+    if model_dir is None:
+        from clm.encoders.base import EncoderError
+
+        raise EncoderError(f"pooling 'auto' needs the model folder to inspect; {model!r} is not one here: "
+                           "set the pooling explicitly")
+    return auto_pooling(model_dir)

@@ -12,6 +12,7 @@ directory of the process that runs the recipe.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -25,6 +26,13 @@ from clm.heads import HeadConfig
 from clm.recipes.overrides import OverrideError, apply_overrides, parse_overrides
 
 RecipeMode = Literal["eval", "train"]
+
+# The documented encoder (the production CLM embedding space), by name: a config that runs it
+# locally points ``encoder.model`` at its folder; the example config picks MiniLM for CPU laptops.
+DEFAULT_ENCODER_MODEL = "Qwen/Qwen3-Embedding-8B"
+# The loss defaults are DecisionLossConfig's own (the documented ones), so a default run is the
+# documented objective, not plain cross-entropy.
+_LOSS_DEFAULTS = DecisionLossConfig()
 LossMode = Literal["sft", "rl", "infonce"]
 
 # Validation metrics a run can select its best epoch by, and which way is better.
@@ -58,7 +66,14 @@ class DataConfig(_Section):
 class EncoderConfig(_Section):
     """Which frozen encoder embeds the texts, and how the trainer reaches it.
 
-    ``backend: local`` runs the model in-process (no services needed);
+    The defaults are the documented CLM contract: Qwen3-Embedding-8B, a causal
+    decoder, with last-token pooling and L2 normalisation (what clm-serve and
+    the vLLM pooling server use). ``model`` must name a local model folder (or
+    the ``minilm`` alias) for the local backend: nothing is downloaded. The
+    bundled example states MiniLM + mean pooling explicitly, for CPU laptops.
+
+    ``backend: local`` runs the model in-process (no services needed; under
+    torchrun each rank runs its own copy on its own device);
     ``backend: embedder`` calls an OpenAI-compatible ``/v1/embeddings``
     endpoint at ``embedder_url`` (our embedder service, or vLLM directly);
     while that endpoint is unavailable (restarting, its vLLM down) a run waits
@@ -66,13 +81,22 @@ class EncoderConfig(_Section):
     """
 
     backend: Literal["local", "embedder"] = "local"
-    model: str = Field("minilm", min_length=1, description="model name or path; 'minilm' = the bundled all-MiniLM-L6-v2")
+    model: str = Field(DEFAULT_ENCODER_MODEL, min_length=1,
+                       description="model folder or alias ('minilm' = the bundled all-MiniLM-L6-v2); "
+                                   "default: the production Qwen3-8B embedding model, by name")
     revision: str | None = None
-    pooling: Literal["last", "mean", "cls"] = "mean"
+    pooling: Literal["auto", "last", "mean", "cls"] = Field(
+        "last", description="'auto': last-token for causal decoders, mean otherwise (one rule: "
+                            "clm.encoders.model_identity.auto_pooling, as the embedder and clm-serve)")
     normalize: bool = True
     dtype: str = "float32"
     max_tokens: int = Field(256, gt=0)
-    device: str = "cpu"
+    device: str = Field("auto", description="local backend: 'auto' = cuda where present, else cpu; under "
+                                            "torchrun 'auto'/'cuda' mean cuda:<LOCAL_RANK>")
+    chunk_texts: int = Field(
+        512, gt=0, description="texts per embedding chunk: the unit encoded in one call, written to the table, "
+                               "counted as progress and assigned to a rank (round robin) under torchrun; "
+                               "the table of a text set is bit-identical for any number of ranks")
     embedder_url: str | None = None
     api_token: str | None = Field(None, description="bearer token for the embedder; default env CLM_EMBEDDER_API_TOKEN")
     batch_size: int = Field(64, gt=0, description="texts per encoder request")
@@ -131,9 +155,9 @@ class LossConfig(_Section):
     """
 
     mode: LossMode = "sft"
-    label_smoothing: float = Field(0.0, ge=0.0, lt=1.0)
-    brier_weight: float = Field(0.0, ge=0.0)
-    ordinal_weight: float = Field(0.0, ge=0.0)
+    label_smoothing: float = Field(_LOSS_DEFAULTS.label_smoothing, ge=0.0, lt=1.0)
+    brier_weight: float = Field(_LOSS_DEFAULTS.brier_weight, ge=0.0)
+    ordinal_weight: float = Field(_LOSS_DEFAULTS.ordinal_weight, ge=0.0)
     question_weights: dict[str, float] = Field(
         default_factory=dict, description="per question id weight (missing ids weigh 1); sft and rl"
     )
@@ -141,14 +165,17 @@ class LossConfig(_Section):
     num_samples: int = Field(8, ge=2)
     sample_temperature: float = Field(1.0, gt=0.0)
     normalize_advantages: bool = True
-    kl_coef: float = Field(0.0, ge=0.0)
-    anchor_weight: float = Field(0.0, ge=0.0)
+    kl_coef: float = Field(_LOSS_DEFAULTS.kl_coef, ge=0.0)
+    anchor_weight: float = Field(_LOSS_DEFAULTS.anchor_weight, ge=0.0)
 
     def decision_loss_config(self) -> DecisionLossConfig:
         """The objective of an sft/rl run (``question_weights`` go to the targets, not the loss)."""
         if self.mode == "infonce":
             raise ValueError("loss.mode 'infonce' does not use DecisionLoss")
-        fields = self.model_dump(exclude={"question_weights"})
+        accepted = {field.name for field in dataclasses.fields(DecisionLossConfig)}
+        # question_weights weigh the targets (record, question) in this recipe, not the loss
+        fields = {key: value for key, value in self.model_dump(exclude={"question_weights"}).items()
+                  if key in accepted}
         return DecisionLossConfig(**fields)
 
     @model_validator(mode="after")

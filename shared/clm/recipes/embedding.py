@@ -34,7 +34,8 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,10 +62,12 @@ log = logging.getLogger(__name__)
 TABLES_DIR = "tables"
 VECTORS_DIR = "vectors"
 
-# Progress is reported per chunk of texts; a chunk is also the unit written to the table.
-_CHUNK_TEXTS = 512
+# Texts per chunk (``encoder.chunk_texts``): one encoder call, one table write, one progress step,
+# and the unit a torchrun rank is assigned (see clm.recipes.shards).
+DEFAULT_CHUNK_TEXTS = 512
 
 EmbedProgress = Callable[[int, int, int], None]  # (texts done, texts total, texts_embedded so far)
+EncodeChunk = Callable[[list[str]], Awaitable[tuple[np.ndarray, int]]]  # -> (vectors, texts the encoder was asked)
 RetryNotice = Callable[[str, int], None]  # (message, retry number), before each backoff sleep
 
 
@@ -79,6 +82,14 @@ class EmbeddingCacheError(RuntimeError):
             "or point cache.dir somewhere else."
         )
         self.path = path
+
+    @classmethod
+    def relayed(cls, message: str, path: Path) -> "EmbeddingCacheError":
+        """The same failure on another rank: every rank of a torchrun group raises the same message."""
+        error = cls.__new__(cls)
+        RuntimeError.__init__(error, message)
+        error.path = path
+        return error
 
 
 # What a failing cache filesystem looks like at each layer.
@@ -121,20 +132,41 @@ def open_cached_table(path: Path, fingerprint_digest: str) -> EmbeddingTable | N
         return None
 
 
+def find_cached_table(path: Path, fingerprint_digest: str, texts: Sequence[str]) -> EmbeddingTable | None:
+    """The table of exactly ``texts`` at ``path``, else any intact table of the same encoder holding every
+    one of ``texts`` (newest first): ``mode: eval`` after a train run scores a subset of the texts the
+    train run embedded, and needs no new table for it."""
+    exact = open_cached_table(path, fingerprint_digest)
+    if exact is not None:
+        return exact
+    prefix = path.name.split("-", 1)[0]
+    candidates = [p for p in path.parent.glob(f"{prefix}-*") if p.is_dir() and p != path] \
+        if path.parent.is_dir() else []
+    for candidate in sorted(candidates, key=lambda p: p.stat().st_mtime_ns, reverse=True):
+        try:
+            table = EmbeddingTable.open(candidate, fingerprint_digest)
+        except EmbeddingTableError:
+            continue  # a damaged table is only quarantined when it is the exact one asked for
+        if len(table) >= len(texts) and not table.missing(texts):
+            return table
+    return None
+
+
 async def build_table(
     path: Path,
     texts: Sequence[str],
     backend: EncoderBackend,
-    encode_chunk: Callable[[list[str]], Awaitable[tuple[np.ndarray, int]]],
+    encode_chunk: EncodeChunk,
     progress: EmbedProgress,
+    chunk_texts: int = DEFAULT_CHUNK_TEXTS,
 ) -> tuple[EmbeddingTable, int]:
     """Embed ``texts`` chunk by chunk into a new table at ``path``; returns it and the texts embedded."""
     path.parent.mkdir(parents=True, exist_ok=True)
     embedded = 0
     progress(0, len(texts), 0)  # the phase starts now (a long first chunk is visible as "embedding")
     with EmbeddingTable.create(path, texts, backend.dim, backend.fingerprint.digest) as writer:
-        for start in range(0, len(texts), _CHUNK_TEXTS):
-            chunk = list(texts[start : start + _CHUNK_TEXTS])
+        for start in range(0, len(texts), chunk_texts):
+            chunk = list(texts[start : start + chunk_texts])
             vectors, encoded = await encode_chunk(chunk)
             writer.write(chunk, vectors)
             embedded += encoded
@@ -143,15 +175,27 @@ async def build_table(
     return table, embedded
 
 
-async def embed_with_vector_cache(
-    texts: Sequence[str],
-    backend: EncoderBackend,
-    cache_dir: Path,
-    table_path: Path,
-    progress: EmbedProgress,
-    redis_url: str | None = None,
-) -> tuple[EmbeddingTable, int]:
-    """Local path: fill the table through the tiered vector cache (Redis → LMDB → the model)."""
+async def encode_chunks(chunks: Sequence[list[str]], dim: int, encode_chunk: EncodeChunk,
+                        progress: EmbedProgress) -> tuple[np.ndarray, int]:
+    """A rank's shard: its chunks encoded one call each, stacked in chunk order; and the texts embedded."""
+    total = sum(len(chunk) for chunk in chunks)
+    parts, done, embedded = [], 0, 0
+    progress(0, total, 0)
+    for chunk in chunks:
+        vectors, encoded = await encode_chunk(chunk)
+        parts.append(np.asarray(vectors, dtype=np.float32))
+        done, embedded = done + len(chunk), embedded + encoded
+        progress(done, total, embedded)
+    return (np.concatenate(parts) if parts else np.zeros((0, dim), dtype=np.float32)), embedded
+
+
+@asynccontextmanager
+async def vector_cache_encoder(backend: EncoderBackend, cache_dir: Path,
+                               redis_url: str | None = None) -> AsyncIterator[EncodeChunk]:
+    """Local path: chunks go through the tiered vector cache (Redis → LMDB → the model).
+
+    Several ranks may share ``cache_dir``: LMDB serialises writers across processes.
+    """
     vectors_dir = Path(cache_dir) / VECTORS_DIR
     vectors_dir.mkdir(parents=True, exist_ok=True)
     cache = EmbeddingCache(redis=RedisTier(redis_url) if redis_url else None, disk=DiskTier(vectors_dir))
@@ -161,9 +205,23 @@ async def embed_with_vector_cache(
             result = await cache.get_or_encode(chunk, backend)
             return result.vectors, result.misses
 
-        return await build_table(table_path, texts, backend, encode_chunk, progress)
+        yield encode_chunk
     finally:
         await cache.aclose()
+
+
+async def embed_with_vector_cache(
+    texts: Sequence[str],
+    backend: EncoderBackend,
+    cache_dir: Path,
+    table_path: Path,
+    progress: EmbedProgress,
+    redis_url: str | None = None,
+    chunk_texts: int = DEFAULT_CHUNK_TEXTS,
+) -> tuple[EmbeddingTable, int]:
+    """Local path, one process: fill the table through the tiered vector cache."""
+    async with vector_cache_encoder(backend, cache_dir, redis_url) as encode_chunk:
+        return await build_table(table_path, texts, backend, encode_chunk, progress, chunk_texts)
 
 
 @dataclass(frozen=True)
@@ -241,14 +299,8 @@ def _short_error(error: BaseException | None, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-async def embed_remote(
-    texts: Sequence[str],
-    backend: EncoderBackend,
-    table_path: Path,
-    progress: EmbedProgress,
-    retry: RetryPolicy | None = None,
-    on_retry: RetryNotice | None = None,
-) -> tuple[EmbeddingTable, int]:
+def remote_encoder(backend: EncoderBackend, retry: RetryPolicy | None = None,
+                   on_retry: RetryNotice | None = None) -> EncodeChunk:
     """Embedder path: the client splits each chunk into bounded, concurrent HTTP requests.
 
     Every text is counted as embedded: the embedder's own cache may answer
@@ -260,4 +312,18 @@ async def embed_remote(
     async def encode_chunk(chunk: list[str]) -> tuple[np.ndarray, int]:
         return await encode_with_retry(backend, chunk, policy, on_retry), len(chunk)
 
-    return await build_table(table_path, texts, backend, encode_chunk, progress)
+    return encode_chunk
+
+
+async def embed_remote(
+    texts: Sequence[str],
+    backend: EncoderBackend,
+    table_path: Path,
+    progress: EmbedProgress,
+    retry: RetryPolicy | None = None,
+    on_retry: RetryNotice | None = None,
+    chunk_texts: int = DEFAULT_CHUNK_TEXTS,
+) -> tuple[EmbeddingTable, int]:
+    """Embedder path, one process: the table filled through :func:`remote_encoder`."""
+    return await build_table(table_path, texts, backend, remote_encoder(backend, retry, on_retry), progress,
+                             chunk_texts)

@@ -15,8 +15,9 @@ from pathlib import Path
 import httpx
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from clm.encoders.base import EncoderBackend, EncoderError, EncoderFingerprint
+from clm.encoders.base import EncoderBackend, EncoderError, EncoderFingerprint, Pooling
 from clm.encoders.factory import MODEL_ALIASES, resolve_model
+from clm.encoders.model_identity import resolve_pooling
 from clm.recipes.config import EncoderConfig
 
 log = logging.getLogger(__name__)
@@ -28,18 +29,26 @@ def resolve_model_dir(model: str) -> tuple[Path, str]:
     if model_dir is None:
         raise EncoderError(
             f"encoder.model {model!r} is neither a known alias ({', '.join(MODEL_ALIASES)}) nor a local "
-            "model folder with a config.json"
+            "model folder with a config.json (models are never downloaded: point encoder.model at the "
+            "folder, or use backend: embedder)"
         )
     return model_dir, name
 
 
-def open_local_encoder(config: EncoderConfig) -> EncoderBackend:
+def local_pooling(config: EncoderConfig) -> Pooling:
+    """The configured pooling, ``auto`` resolved by the one rule the embedder and clm-serve use."""
+    model_dir, _ = resolve_model_dir(config.model)
+    return resolve_pooling(config.pooling, model_dir, config.model)
+
+
+def open_local_encoder(config: EncoderConfig, device: str | None = None) -> EncoderBackend:
+    """The in-process encoder; ``device`` (default ``config.device``) is this rank's device under torchrun."""
     from clm.encoders.local import LocalEncoder
 
     model_dir, name = resolve_model_dir(config.model)
     return LocalEncoder(
-        model_dir, pooling=config.pooling, normalize=config.normalize, dtype=config.dtype,
-        max_tokens=config.max_tokens, model_name=name, device=config.device,
+        model_dir, pooling=local_pooling(config), normalize=config.normalize, dtype=config.dtype,
+        max_tokens=config.max_tokens, model_name=name, device=device or config.device,
         max_batch_texts=config.batch_size,
     )
 

@@ -1,12 +1,15 @@
-"""Post-train CLM decision heads on SystemOne records (the seeds' ``TrainCLMHeadsRecipe``).
+"""Post-train CLM decision heads on SystemOne records (NeMo AutoModel's ``recipes.decision.train_clm_heads``).
 
 The encoder is frozen, so a run has two phases:
 
-1. **Embed** every distinct state and option text of every split once, into a
-   memory-mapped ``EmbeddingTable`` cached by (encoder fingerprint, text set).
-   A rerun of any stage on the same data embeds nothing.
-2. **Train or evaluate** the heads (~20M parameters at Qwen3-8B width) on
-   the cached vectors:
+1. **Embed** (``setup``) every distinct state and option text of every split
+   once, into a memory-mapped ``EmbeddingTable`` cached by (encoder
+   fingerprint, text set); a cached table holding every text (the same set,
+   or a superset such as the train run's table for ``mode: eval``) answers
+   without encoding anything. Under ``torchrun`` the texts are sharded over
+   all ranks, each rank encodes its shard on its own device, and the shards
+   meet in the cache (:mod:`clm.recipes.shards`).
+2. **Train or evaluate** the heads on rank 0 (other ranks exit cleanly):
 
    * ``mode: eval`` scores ``heads.init_checkpoint`` on validation and test
      (the "before" numbers);
@@ -17,6 +20,11 @@ The encoder is frozen, so a run has two phases:
      before/after per split, type and question id, and publishes the best
      heads as the next checkpoint version (parent = the init checkpoint).
 
+Run with::
+
+    python -m clm.recipes.train_clm_heads --config examples/decision/clm_soc_triage.yaml --loss.mode sft
+    torchrun --nproc-per-node 8 -m clm.recipes.train_clm_heads --config x.yaml --mode train --loss.mode sft
+
 Blocking and CPU/GPU bound: services run it on a worker thread or process.
 """
 
@@ -24,105 +32,73 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import errno
 import hashlib
 import json
+import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import torch
 
-from clm.checkpoint import (
-    CheckpointError,
-    LoadedCheckpoint,
-    PublishedVersion,
-    load_checkpoint,
-    publish_checkpoint,
-    resolve_latest,
-)
+from clm.checkpoint import LoadedCheckpoint, PublishedVersion, load_checkpoint, resolve_latest
 from clm.checkpoint.store import LATEST_FILE
+from clm.comparison import worth_it_sections
 from clm.decision.batch import QuestionLogits
-from clm.decision.errors import DecisionError
-from clm.decision.targets import DecisionTargets
 from clm.embedding_table import EmbeddingTable, EmbeddingTableError
 from clm.encoders.base import EncoderError
 from clm.encoders.local import resolve_device
 from clm.encoders.model_identity import fingerprint_for_model_dir, model_hidden_size
 from clm.heads import CLMHeadPair
-from clm.records import Record, RecordError, load_records
-from clm.recipes import embedding
-from clm.recipes.batches import (
-    EncodedRecord,
-    build_targets,
-    collect_clm_texts,
-    collect_option_texts,
-    encode_records,
-    forward_identified,
-)
+from clm.records import QuestionTarget, Record, load_records
+from clm.records.loader import parse_record
+from clm.recipes import embedding, shards
+from clm.recipes.batches import EncodedRecord, collect_clm_texts, collect_option_texts, encode_records
+from clm.recipes.batches import forward_identified
 from clm.recipes.config import ConfigError, RecipeConfig, load_config
-from clm.recipes.encoder_setup import fetch_remote_identity, open_local_encoder, open_remote_encoder, resolve_model_dir
+from clm.recipes.distributed import RankInfo, all_gather, close_distributed, init_distributed, rank_device
+from clm.recipes.encoder_setup import (
+    fetch_remote_identity,
+    local_pooling,
+    open_local_encoder,
+    open_remote_encoder,
+    resolve_model_dir,
+)
+from clm.recipes.errors import (  # noqa: F401  (re-exported: the trainer worker imports them from here)
+    DISK_FULL_ERRNOS,
+    INPUT_ERRORS,
+    RUN_ERRORS,
+    PublishError,
+    RankFailedError,
+    publish_heads,
+)
 from clm.recipes.evaluation import ScoredQuestion, metrics_by_split, reference_logprobs, score_records, summarize
-from clm.recipes.loop import EpochReport, LoopOutcome, ResumeError, run_epochs
+from clm.recipes.loop import EpochReport, LoopOutcome, run_epochs
 from clm.recipes.objectives import DecisionObjective, InfoNCEObjective, StepObjective
 from clm.recipes.progress import ProgressCallback, ProgressEvent, ignore_progress
-from clm.recipes.results import EmbeddingContract, RunResult
 from clm.recipes.report import write_diagrams, write_report
+from clm.recipes.results import EmbeddingContract, RunResult
 from clm.texts import TEMPLATE_VERSION
+
+MODES = ("eval", "train")
+logger = logging.getLogger(__name__)
 
 EVAL_SPLITS = ("validation", "test")
 
-# Errors whose message tells the user what to fix in their config, data or checkpoint...
-INPUT_ERRORS: tuple[type[BaseException], ...] = (ConfigError, RecordError, CheckpointError, DecisionError)
-# ...and failures of the run's environment (cache filesystem, encoder, resume state).
-# Errnos that mean "the filesystem is full" (out of space, out of quota, file size limit).
-DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
-
-
-class PublishError(RuntimeError):
-    """Writing the checkpoint failed (full disk, read-only or missing volume). Nothing was published:
-    the staging folder is removed and ``latest`` still points at the previous version."""
-
-    def __init__(self, root: Path, name: str, error: OSError) -> None:
-        self.errno = error.errno
-        self.disk_full = error.errno in DISK_FULL_ERRNOS
-        code = errno.errorcode.get(error.errno or 0, "OSError")
-        what = "the checkpoint filesystem is full" if self.disk_full else "the checkpoint folder cannot be written"
-        try:
-            previous = f"{name}/latest still points at {resolve_latest(root, name).label}"
-        except (CheckpointError, OSError, ValueError):
-            previous = f"no earlier version of {name} is affected"
-        super().__init__(
-            f"publishing {name!r} to {root} failed: {what} ({code}: {error.strerror or error}). Nothing was "
-            f"published and {previous}. Free space on (or fix) the volume holding {root}, then resubmit."
-        )
-
-
-def publish_heads(root: Path, name: str, heads: CLMHeadPair, fingerprint, *, metrics: dict,
-                  parent: str | None, option_texts: list[str] | None = None) -> PublishedVersion:
-    """``publish_checkpoint``, with a filesystem failure reported as a ``PublishError`` naming root and cause."""
-    try:
-        return publish_checkpoint(root, name, heads, fingerprint, metrics=metrics, parent=parent,
-                                  option_texts=option_texts)
-    except OSError as error:
-        raise PublishError(Path(root), name, error) from error
-
-
-RUN_ERRORS: tuple[type[BaseException], ...] = (
-    embedding.EmbeddingCacheError, EmbeddingTableError, EncoderError, ResumeError, PublishError,
-)
-
 
 class TrainCLMHeadsRecipe:
-    """One configured run; ``run_train_validation_loop()`` does everything (``setup`` first if needed).
+    """Embed-once, train-heads recipe for CLM decision models (see module docstring).
 
-    ``progress`` receives phase events (may raise to cancel); ``resume_dir``
-    makes training resumable from its last finished epoch; ``on_epoch_end``
-    sees every epoch's report (e.g. to record a job event).
+    ``run_train_validation_loop()`` does everything (``setup()`` first if it
+    was not called) and leaves what it produced in ``self.result``.
+    Additions to the documented constructor, all keyword-only: ``progress``
+    receives phase events (may raise to cancel); ``resume_dir`` makes training
+    resumable from its last finished epoch; ``on_epoch_end`` sees every
+    epoch's report (e.g. to record a job event).
     """
 
-    MODES = ("eval", "train")
+    MODES = MODES
 
     def __init__(
         self,
@@ -132,33 +108,44 @@ class TrainCLMHeadsRecipe:
         resume_dir: Path | None = None,
         on_epoch_end: Callable[[EpochReport], None] | None = None,
     ) -> None:
-        if cfg.mode not in self.MODES:
-            raise ConfigError(f"mode must be one of {self.MODES}, got {cfg.mode!r}")
+        if not isinstance(cfg, RecipeConfig):
+            raise ConfigError(f"TrainCLMHeadsRecipe needs a RecipeConfig (clm.recipes.config.load_config / "
+                              f"build_config), got {type(cfg).__name__}")
+        if cfg.mode not in MODES:
+            raise ConfigError(f"mode must be one of {MODES}, got {cfg.mode!r}")
         self.cfg = cfg
         self.progress = progress or ignore_progress
         self.resume_dir = resume_dir
         self.on_epoch_end = on_epoch_end
         self.device = resolve_device(cfg.device)
+        self.rank = RankInfo()
         self.records: dict[str, list[Record]] = {}
         self.encoded: dict[str, list[EncodedRecord]] = {}
         self.contract: EmbeddingContract | None = None
         self.init_checkpoint: LoadedCheckpoint | None = None
+        self.texts: list[str] = []
         self.table: EmbeddingTable | None = None
         self.texts_total = 0
-        self.texts_embedded = 0
+        self.texts_embedded = 0  # this run, all ranks together
+        self.embedding_ranks: list[dict[str, Any]] = []  # per rank: what it encoded (its shard)
+        self.outcome: LoopOutcome | None = None  # of the last _train
+        self.result: RunResult | None = None  # of run_train_validation_loop, on rank 0
 
     # ---------------------------------------------------------------- setup
     def setup(self) -> None:
-        """Load every split and the init checkpoint, and learn the encoder contract; fails fast on any mismatch."""
+        """Initialise distributed state, load data, and make sure every text has a cached embedding."""
+        self.rank = init_distributed()
         data = self.cfg.data
+        # Eval runs load train too: the report's baselines are fitted on it (clm.comparison).
         splits = {"train": data.train, "validation": data.validation, "test": data.test}
-        if self.cfg.mode == "eval":
-            splits.pop("train")
         self.records = {split: load_records(path) for split, path in splits.items() if path is not None}
         self.contract = self._embedding_config()
         if self.cfg.heads.init_checkpoint is not None:
             self.init_checkpoint = _load_init_checkpoint(self.cfg.heads.init_checkpoint)
             self._check_checkpoint_contract(self.init_checkpoint)
+        self.texts = collect_clm_texts(record for records in self.records.values() for record in records)
+        self.table = self._embed_all(self.texts)
+        self.encoded = {split: encode_records(records, self.table) for split, records in self.records.items()}
 
     def _embedding_config(self) -> EmbeddingContract:
         """Fingerprint and width of the configured encoder, without loading a local model."""
@@ -166,7 +153,7 @@ class TrainCLMHeadsRecipe:
         if encoder.backend == "local":
             model_dir, name = resolve_model_dir(encoder.model)
             fingerprint = fingerprint_for_model_dir(
-                model_dir, pooling=encoder.pooling, normalize=encoder.normalize, dtype=encoder.dtype,
+                model_dir, pooling=local_pooling(encoder), normalize=encoder.normalize, dtype=encoder.dtype,
                 max_tokens=encoder.max_tokens, model_name=name,
             )
             contract = EmbeddingContract(fingerprint, model_hidden_size(model_dir))
@@ -191,98 +178,225 @@ class TrainCLMHeadsRecipe:
             )
 
     # ---------------------------------------------------------------- embed phase
-    def _cache_path(self, texts: Sequence[str]) -> Path:
-        assert self.contract is not None
+    def _cache_path(self, texts: list[str]) -> Path:
+        """Where the table of exactly ``texts`` under this encoder lives (``cache.dir/tables/...``)."""
+        if self.contract is None:
+            self.contract = self._embedding_config()
         return embedding.table_cache_path(self.cfg.cache.dir, self.contract.fingerprint.digest, texts)
 
-    def _raise_cache_failure(self, error: BaseException, path: Path) -> NoReturn:
-        raise embedding.EmbeddingCacheError(path, error) from error
+    def _raise_cache_failure(self, failure: Exception | None, phase: str) -> None:
+        """Propagate cache filesystem failures before any rank enters the next phase.
 
-    def _embed_all(self) -> EmbeddingTable:
-        """Every distinct text of every split in one table: from the cache, else embedded now."""
-        assert self.contract is not None
-        texts = collect_clm_texts(record for records in self.records.values() for record in records)
-        self.texts_total = len(texts)
+        Collective under torchrun (every rank calls it at the end of ``phase``,
+        with its own failure or None): if any rank failed, every rank raises
+        the first failure's message; a cache failure as ``EmbeddingCacheError``
+        (the same message on every rank), another failure as itself on its
+        rank and as ``RankFailedError`` on the others.
+        """
+        info = self.rank
+        report = None
+        if failure is not None:
+            kind = "cache" if isinstance(failure, embedding.EmbeddingCacheError) else type(failure).__name__
+            where = f"{info}, {phase}: " if info.distributed else ""
+            report = (info.rank, kind, where + str(failure), str(getattr(failure, "path", "")))
+        failures = [item for item in all_gather(report) if item is not None]
+        if not failures:
+            return
+        rank, kind, message, path = failures[0]
+        if kind == "cache":
+            if not info.distributed and isinstance(failure, embedding.EmbeddingCacheError):
+                raise failure
+            raise embedding.EmbeddingCacheError.relayed(message, Path(path)) from failure
+        if failure is not None and rank == info.rank:
+            raise failure
+        raise RankFailedError(f"{message} ({kind})")
+
+    def _embed_all(self, texts: list[str]) -> EmbeddingTable:
+        """Embed texts with the frozen encoder, sharded over all ranks, and cache the result."""
+        texts = sorted(set(texts))
+        if not texts:
+            raise ConfigError("there are no texts to embed: the data splits hold no questions")
         path = self._cache_path(texts)
+        self.texts_total = len(texts)
+        fingerprint = self.contract.fingerprint.digest  # type: ignore[union-attr]  (set by _cache_path)
+        found, failure = None, None
+        if self.rank.is_main:  # one rank looks (and quarantines a damaged table); the others are told
+            try:
+                table = embedding.find_cached_table(path, fingerprint, texts)
+                found = None if table is None else str(table.path)
+            except Exception as error:  # noqa: BLE001  (relayed to every rank just below)
+                failure = _as_cache_failure(error, path)
+        self._raise_cache_failure(failure, "looking up the embedding table")
+        found = all_gather(found)[0]
+        if found is not None:
+            self.texts_embedded = 0
+            self.embedding_ranks = [{"rank": r, "chunks": [], "texts": 0, "texts_embedded": 0}
+                                    for r in range(self.rank.world_size)]
+            self.progress(ProgressEvent("embedding", len(texts), len(texts), counters={"texts_embedded": 0}))
+            logger.info("%s: embedding table %s holds all %d texts; nothing to encode", self.rank, found, len(texts))
+            return self._open_table(Path(found), fingerprint, path)
+        return self._build_table(texts, path)
 
-        last = {"done": 0, "total": len(texts), "texts_embedded": 0}
+    def _build_table(self, texts: list[str], path: Path) -> EmbeddingTable:
+        """Encode this rank's chunks, then (rank 0) assemble the shards into the table at ``path``."""
+        info, contract = self.rank, self.contract
+        assert contract is not None
+        plan = shards.ShardPlan(len(texts), self.cfg.encoder.chunk_texts, info.world_size)
+        staging = shards.staging_dir(path, plan)
+        mine = plan.texts_of(info.rank, texts)
+        table, failure, embedded = None, None, 0
+        try:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)  # an unwritable cache fails here, before the model
+                if info.distributed:
+                    vectors, embedded = asyncio.run(self._encode(mine, None, None))
+                    shards.write_shard(shards.shard_path(staging, info.rank, info.world_size), vectors)
+                else:
+                    table, embedded = asyncio.run(self._encode(mine, texts, path))
+            except Exception as error:  # noqa: BLE001  (relayed to every rank just below)
+                failure = _as_cache_failure(error, path)
+            self._raise_cache_failure(failure, "encoding and writing its embedding shard")
+            self.embedding_ranks = all_gather({"rank": info.rank, "chunks": plan.chunks_of(info.rank),
+                                               "texts": plan.rows_of(info.rank), "texts_embedded": embedded})
+            self.texts_embedded = sum(item["texts_embedded"] for item in self.embedding_ranks)
+            logger.info("%s encoded its shard: %d chunks, %d texts (%d asked of the encoder) of %d", info,
+                        len(mine), plan.rows_of(info.rank), embedded, len(texts))
+            if not info.distributed:
+                assert table is not None
+                return table
+            if info.is_main:
+                try:
+                    table = self._assemble(plan, staging, texts, path)
+                except Exception as error:  # noqa: BLE001
+                    failure = _as_cache_failure(error, path)
+            self._raise_cache_failure(failure, "assembling the embedding table from the shards")
+            return table if table is not None else self._open_table(path, contract.fingerprint.digest, path)
+        finally:
+            if info.distributed and info.is_main:
+                shards.remove_staging(staging)  # every rank is past its writes: the collectives above are barriers
+
+    async def _encode(self, chunks: list[list[str]], texts: list[str] | None, path: Path | None):
+        """This rank's chunks through the configured encoder: into the table at ``path`` (one process,
+        ``texts`` = all of them), else as one stacked array for the shard file."""
+        cfg, contract = self.cfg, self.contract
+        assert contract is not None
+        last = {"done": 0, "total": sum(len(c) for c in chunks), "texts_embedded": 0}
 
         def report(done: int, total: int, embedded: int) -> None:
             last.update(done=done, total=total, texts_embedded=embedded)
             self.progress(ProgressEvent("embedding", done, total, counters={"texts_embedded": embedded}))
 
         def retry_notice(message: str, retry: int) -> None:
-            # An unavailable embedder is waited for, visibly: one event per retry (see embedding.embed_remote).
+            # An unavailable embedder is waited for, visibly: one event per retry (see embedding.encode_with_retry).
             self.progress(ProgressEvent("embedding", last["done"], last["total"], message,
                                         counters={"texts_embedded": last["texts_embedded"], "retry": retry}))
 
-        try:
-            table = embedding.open_cached_table(path, self.contract.fingerprint.digest)
-            if table is None:
-                table, self.texts_embedded = asyncio.run(self._build_table(texts, path, report, retry_notice))
-            else:
-                self.texts_embedded = 0
-                report(len(texts), len(texts), 0)
-        except embedding.CACHE_FAILURES as error:
-            self._raise_cache_failure(error, path)
-        except EmbeddingTableError as error:
-            if isinstance(error.__cause__, OSError):
-                self._raise_cache_failure(error.__cause__, path)
-            raise
-        self.table = table
-        self.encoded = {split: encode_records(records, table) for split, records in self.records.items()}
-        return table
-
-    async def _build_table(self, texts: list[str], path: Path, report: embedding.EmbedProgress,
-                           retry_notice: embedding.RetryNotice | None = None):
-        assert self.contract is not None
-        path.parent.mkdir(parents=True, exist_ok=True)  # an unwritable cache fails here, before the model loads
-        if self.cfg.encoder.backend == "local":
-            backend = open_local_encoder(self.cfg.encoder)
+        if not chunks:
+            return _nothing(contract.dim)
+        if cfg.encoder.backend == "local":
+            backend = open_local_encoder(cfg.encoder, device=rank_device(cfg.encoder.device, self.rank))
         else:
             backend = open_remote_encoder(
-                self.cfg.encoder, on_retry=lambda message: self.progress(ProgressEvent("embedding", 0, 0, message)))
+                cfg.encoder, on_retry=lambda message: self.progress(ProgressEvent("embedding", 0, 0, message)))
         try:
-            if backend.fingerprint.digest != self.contract.fingerprint.digest:
+            if backend.fingerprint.digest != contract.fingerprint.digest:
                 raise EncoderError(f"the encoder's fingerprint changed while the run started: {backend.fingerprint}")
-            if self.cfg.encoder.backend == "local":
-                return await embedding.embed_with_vector_cache(
-                    texts, backend, self.cfg.cache.dir, path, report, self.cfg.cache.redis_url
-                )
-            retry = embedding.RetryPolicy(budget_s=self.cfg.encoder.retry_seconds)
-            return await embedding.embed_remote(texts, backend, path, report, retry, retry_notice)
+            if cfg.encoder.backend == "local":
+                async with embedding.vector_cache_encoder(backend, cfg.cache.dir, cfg.cache.redis_url) as encode:
+                    return await self._encode_with(encode, backend, chunks, texts, path, report)
+            retry = embedding.RetryPolicy(budget_s=cfg.encoder.retry_seconds)
+            return await self._encode_with(embedding.remote_encoder(backend, retry, retry_notice), backend, chunks,
+                                           texts, path, report)
         finally:
             await backend.aclose()
 
-    # ---------------------------------------------------------------- scoring
-    def _forward(
-        self,
-        heads: CLMHeadPair,
-        records: Sequence[EncodedRecord],
-        reference: dict[tuple[str, str], Sequence[float]] | None = None,
-    ) -> tuple[list[list[QuestionLogits]], DecisionTargets]:
-        """Scores of ``records`` in question and option output order, with identities, and their targets."""
-        assert self.table is not None
-        targets = build_targets(records, self.cfg.loss.question_weights, self.device, reference)
-        return forward_identified(heads, self.table, records, self.device), targets
+    async def _encode_with(self, encode, backend, chunks, texts, path, report):
+        if path is not None:
+            return await embedding.build_table(path, texts, backend, encode, report, self.cfg.encoder.chunk_texts)
+        return await embedding.encode_chunks(chunks, backend.dim, encode, report)
 
-    def _score(
-        self, heads: CLMHeadPair, records: Sequence[EncodedRecord], batch_size: int, label: str = ""
-    ) -> list[ScoredQuestion]:
-        assert self.table is not None
+    def _assemble(self, plan: shards.ShardPlan, staging: Path, texts: list[str], path: Path) -> EmbeddingTable:
+        """Rank 0: the shards, read back from the staging folder, as one table renamed into place."""
+        contract = self.contract
+        assert contract is not None
+        with EmbeddingTable.create(path, texts, contract.dim, contract.fingerprint.digest) as writer:
+            for rank in range(plan.world_size):
+                if not plan.chunks_of(rank):
+                    continue
+                vectors = shards.read_shard(shards.shard_path(staging, rank, plan.world_size),
+                                            plan.rows_of(rank), contract.dim)
+                start = 0
+                for index in plan.chunks_of(rank):
+                    rows = plan.chunk(index)
+                    writer.write(texts[rows.start : rows.stop], vectors[start : start + len(rows)])
+                    start += len(rows)
+            return writer.finalize()
+
+    def _open_table(self, found: Path, fingerprint: str, path: Path) -> EmbeddingTable:
+        try:
+            return EmbeddingTable.open(found, fingerprint)
+        except EmbeddingTableError as error:
+            if isinstance(error.__cause__, OSError):
+                raise embedding.EmbeddingCacheError(path, error.__cause__) from error
+            raise
+
+    # ---------------------------------------------------------------- scoring
+    def _encoded_records(self, records: Sequence[Any]) -> list[EncodedRecord]:
+        """Records as the scoring code needs them: ``Record`` objects, record dicts (the JSONL form, as
+        the documents pass them) or already-encoded records; every text must be in the table."""
+        assert self.table is not None, "call setup() first: records are scored from the embedding table"
+        encoded: list[EncodedRecord] = []
+        for index, record in enumerate(records):
+            if isinstance(record, EncodedRecord):
+                encoded.append(record)
+                continue
+            if isinstance(record, Mapping):
+                record = parse_record(dict(record), source="records", line=index + 1)
+            if not isinstance(record, Record):
+                raise TypeError(f"records[{index}] is a {type(record).__name__}; expected a record dict, "
+                                "a clm.records.Record or an EncodedRecord")
+            encoded.extend(encode_records([record], self.table))
+        return encoded
+
+    def _forward(
+        self, heads: CLMHeadPair, records: Sequence[Any]
+    ) -> tuple[list[list[QuestionLogits]], list[list[QuestionTarget]]]:
+        """Score records while retaining actual question and option output order.
+
+        Returns identified logits and targets grouped by record; each
+        ``QuestionLogits.values`` holds one score per option, in the
+        question's option output order.
+        """
+        encoded = self._encoded_records(records)
+        logits = forward_identified(heads, self.table, encoded, self.device)
+        return logits, [[question.target for question in record.questions] for record in encoded]
+
+    def _score(self, heads: CLMHeadPair, records: Sequence[Any], batch_size: int,
+               label: str = "") -> list[ScoredQuestion]:
+        encoded = self._encoded_records(records)
         if label:
-            self.progress(ProgressEvent("evaluating", 0, len(records), label))
-        scored = score_records(heads, self.table, records, self.device, batch_size)
+            self.progress(ProgressEvent("evaluating", 0, len(encoded), label))
+        scored = score_records(heads, self.table, encoded, self.device, batch_size)
         if label:
-            self.progress(ProgressEvent("evaluating", len(records), len(records), label))
+            self.progress(ProgressEvent("evaluating", len(encoded), len(encoded), label))
         return scored
 
     def evaluate(
-        self, heads: CLMHeadPair, records: Sequence[EncodedRecord], batch_size: int = 256
-    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        """(metrics summary: overall / by_type / by_question, one prediction dict per question)."""
+        self, heads: CLMHeadPair, records: list[Any], batch_size: int = 256
+    ) -> tuple[dict, list[dict]]:
+        """Return (summary, per-question predictions) for records.
+
+        The summary has ``overall`` / ``by_type`` / ``by_question`` metrics; one
+        prediction dict per question, in record and question order.
+        """
         scored = self._score(heads, records, batch_size)
         return summarize(scored), [question.as_dict() for question in scored]
+
+    def _report(self, heads: CLMHeadPair, split: str) -> dict:
+        """Metrics of ``heads`` on a loaded split (``overall`` / ``by_type`` / ``by_question``)."""
+        if split not in self.encoded:
+            raise ConfigError(f"split {split!r} is not loaded in this run; loaded: {sorted(self.encoded)}")
+        return summarize(self._score(heads, self.encoded[split], self.cfg.train.eval_batch_size, split))
 
     # ---------------------------------------------------------------- training
     def _initial_heads(self) -> CLMHeadPair:
@@ -306,45 +420,38 @@ class TrainCLMHeadsRecipe:
 
     def _run_digest(self) -> str:
         """Identity of a run for resuming: everything that shapes training (not where outputs go)."""
-        assert self.table is not None
         config = self.cfg.to_json_dict()
         config.pop("output")
-        payload = json.dumps({"config": config, "table": self.table.path.name}, sort_keys=True)
+        payload = json.dumps({"config": config, "texts": self._cache_path(self.texts).name}, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()
 
-    def _train(self, heads: CLMHeadPair) -> tuple[CLMHeadPair, LoopOutcome]:
-        """Train in place; returns a copy of the best heads by validation ``train.eval_metric``."""
+    def _train(self, heads: CLMHeadPair) -> CLMHeadPair:
+        """Train heads in place; return a copy of the best heads by validation train.eval_metric.
+
+        The loop's outcome (best epoch, history) is kept in ``self.outcome``.
+        """
         train = self.cfg.train
         sample_generator = torch.Generator().manual_seed(train.seed + 1)
         objective = self._objective(heads, sample_generator)
 
         def validate(candidate: CLMHeadPair) -> dict[str, float]:
-            return summarize(self._score(candidate, self.encoded["validation"], train.eval_batch_size, "validation"))[
-                "overall"
-            ]
+            return self._report(candidate, "validation")["overall"]
 
-        outcome = run_epochs(
+        self.outcome = run_epochs(
             heads, self.encoded["train"], objective, sample_generator, train, validate,
             run_digest=self._run_digest(), progress=self.progress, resume_dir=self.resume_dir,
             on_epoch_end=self.on_epoch_end,
         )
         best = copy.deepcopy(heads)
-        best.load_state_dict(outcome.best_state)
-        return best.eval(), outcome
+        best.load_state_dict(self.outcome.best_state)
+        return best.eval()
 
-    # ---------------------------------------------------------------- report
-    def _report(
-        self,
-        before: dict[str, list[ScoredQuestion]],
-        after: dict[str, list[ScoredQuestion]] | None,
-        outcome: LoopOutcome | None,
-        checkpoint: PublishedVersion | None,
-    ) -> Path:
+    # ---------------------------------------------------------------- report and publish
+    def _write_report(self, before: dict[str, list[ScoredQuestion]], after: dict[str, list[ScoredQuestion]] | None,
+                      checkpoint: PublishedVersion | None) -> Path:
         """Write report.json/html and the reliability diagrams of every scored split; returns the JSON path."""
         assert self.contract is not None and self.table is not None
-        report_dir = self.cfg.output.report_dir
-        before_metrics = metrics_by_split(before)
-        after_metrics = None if after is None else metrics_by_split(after)
+        report_dir, outcome = self.cfg.output.report_dir, self.outcome
         diagrams = {"before": write_diagrams(report_dir, "before", before)}
         if after is not None:
             diagrams["after"] = write_diagrams(report_dir, "after", after)
@@ -355,11 +462,12 @@ class TrainCLMHeadsRecipe:
             "encoder": {**self.contract.fingerprint.as_dict(), "digest": self.contract.fingerprint.digest,
                         "dim": self.contract.dim},
             "embedding": {"texts_total": self.texts_total, "texts_embedded": self.texts_embedded,
-                          "table": str(self.table.path)},
+                          "table": str(self.table.path), "world_size": self.rank.world_size,
+                          "ranks": self.embedding_ranks},
             "init_checkpoint": None if self.init_checkpoint is None else {
                 "path": str(self.init_checkpoint.path), "sha256": self.init_checkpoint.sha256},
-            "before": before_metrics,
-            "after": after_metrics,
+            "before": metrics_by_split(before),
+            "after": None if after is None else metrics_by_split(after),
             "training": None if outcome is None else {
                 "eval_metric": self.cfg.train.eval_metric, "best_epoch": outcome.best_epoch,
                 "best_value": outcome.best_value, "history": outcome.history},
@@ -367,15 +475,12 @@ class TrainCLMHeadsRecipe:
                 "path": str(checkpoint.path), "version": checkpoint.label, "sha256": checkpoint.sha256},
             "diagrams": diagrams,
         }
+        report.update(worth_it_sections(self.table, self.encoded.get("train"), self.encoded, before, after))
         return write_report(report_dir, report)
 
-    # ---------------------------------------------------------------- the run
     def _score_eval_splits(self, heads: CLMHeadPair) -> dict[str, list[ScoredQuestion]]:
-        scored = {}
-        for split in EVAL_SPLITS:
-            if split in self.encoded:
-                scored[split] = self._score(heads, self.encoded[split], self.cfg.train.eval_batch_size, split)
-        return scored
+        return {split: self._score(heads, self.encoded[split], self.cfg.train.eval_batch_size, split)
+                for split in EVAL_SPLITS if split in self.encoded}
 
     def _require_metric(self, before: dict[str, list[ScoredQuestion]]) -> None:
         metric = self.cfg.train.eval_metric
@@ -385,18 +490,14 @@ class TrainCLMHeadsRecipe:
                 "(no labelled questions, or no reward tables for reward metrics); pick another metric"
             )
 
-    def _publish(
-        self,
-        heads: CLMHeadPair,
-        outcome: LoopOutcome,
-        before: dict[str, list[ScoredQuestion]],
-        after: dict[str, list[ScoredQuestion]],
-    ) -> PublishedVersion:
+    def _publish(self, heads: CLMHeadPair, before: dict[str, list[ScoredQuestion]],
+                 after: dict[str, list[ScoredQuestion]]) -> PublishedVersion:
         """The best heads as the next version of ``output.name``; overall metrics ride inside."""
+        assert self.outcome is not None
         self.progress(ProgressEvent("publishing", 0, 1, self.cfg.output.name))
         metrics = {
             "loss_mode": self.cfg.loss.mode, "eval_metric": self.cfg.train.eval_metric,
-            "best_epoch": outcome.best_epoch, "texts_embedded": self.texts_embedded,
+            "best_epoch": self.outcome.best_epoch, "texts_embedded": self.texts_embedded,
             "before": {split: metrics["overall"] for split, metrics in metrics_by_split(before).items()},
             "after": {split: metrics["overall"] for split, metrics in metrics_by_split(after).items()},
         }
@@ -412,28 +513,54 @@ class TrainCLMHeadsRecipe:
         return publish_heads(self.cfg.output.checkpoint_root, self.cfg.output.name, heads.cpu(),
                              self.contract.fingerprint, metrics=metrics, parent=parent, option_texts=options)
 
-    def run_train_validation_loop(self) -> RunResult:
-        """Embed, score the starting heads, train (train mode), score again, publish, report."""
-        if self.contract is None:
+    # ---------------------------------------------------------------- the run
+    def run_train_validation_loop(self) -> None:
+        """Evaluate (eval) or train (sft/rl) the heads, then report before/after metrics.
+
+        Rank 0 only: the other ranks of a torchrun group are done once the
+        embeddings are cached. The outcome is in ``self.result`` (a ``RunResult``).
+        """
+        if self.table is None:
             self.setup()
-        self._embed_all()
+        if not self.rank.is_main:
+            logger.info("%s: embeddings are cached; rank 0 trains, evaluates, reports and publishes", self.rank)
+            return
         heads = self._initial_heads()
         before = self._score_eval_splits(heads)
-        after = outcome = checkpoint = None
+        after = checkpoint = None
+        self.outcome = None
         if self.cfg.mode == "train":
             self._require_metric(before)
-            best, outcome = self._train(heads)
+            best = self._train(heads)
             after = self._score_eval_splits(best)
             if self.cfg.output.publish:
-                checkpoint = self._publish(best, outcome, before, after)
-        report_path = self._report(before, after, outcome, checkpoint)
-        return RunResult(
+                checkpoint = self._publish(best, before, after)
+        report_path = self._write_report(before, after, checkpoint)
+        outcome = self.outcome
+        self.result = RunResult(
             mode=self.cfg.mode, texts_total=self.texts_total, texts_embedded=self.texts_embedded,
             report_path=report_path, before=metrics_by_split(before),
             after=None if after is None else metrics_by_split(after),
             best_epoch=None if outcome is None else outcome.best_epoch, checkpoint=checkpoint,
             history=[] if outcome is None else outcome.history,
         )
+
+
+def _nothing(dim: int):
+    import numpy as np
+
+    return np.zeros((0, dim), dtype=np.float32), 0
+
+
+def _as_cache_failure(error: Exception, path: Path) -> Exception:
+    """A cache filesystem failure as ``EmbeddingCacheError`` naming the path; anything else unchanged."""
+    if isinstance(error, embedding.EmbeddingCacheError):
+        return error
+    if isinstance(error, embedding.CACHE_FAILURES):
+        return embedding.EmbeddingCacheError(path, error)
+    if isinstance(error, EmbeddingTableError) and isinstance(error.__cause__, OSError):
+        return embedding.EmbeddingCacheError(path, error.__cause__)
+    return error
 
 
 def _load_init_checkpoint(path: Path) -> LoadedCheckpoint:
@@ -443,13 +570,63 @@ def _load_init_checkpoint(path: Path) -> LoadedCheckpoint:
     return load_checkpoint(path)
 
 
-def main(config_path: str | Path, overrides: list[str] | None = None,
-         progress: ProgressCallback | None = None) -> RunResult:
-    """Load the YAML (plus ``--a.b value`` overrides) and run the recipe in this process."""
-    cfg = load_config(config_path, overrides or [])
-    return TrainCLMHeadsRecipe(cfg, progress=progress).run_train_validation_loop()
+def _split_config_argument(argv: list[str]) -> tuple[str | None, list[str]]:
+    """(``--config`` value, the other arguments: ``--section.key value`` overrides)."""
+    config, rest, index = None, [], 0
+    while index < len(argv):
+        argument = argv[index]
+        if argument == "--config":
+            if index + 1 >= len(argv):
+                raise ConfigError("--config needs a path to a recipe YAML")
+            config, index = argv[index + 1], index + 2
+            continue
+        if argument.startswith("--config="):
+            config = argument.split("=", 1)[1]
+        else:
+            rest.append(argument)
+        index += 1
+    return config, rest
+
+
+def main(config_path: str | None = None) -> None:
+    """CLI entry point: ``python -m clm.recipes.train_clm_heads --config <yaml>``.
+
+    The command line (``sys.argv``) may name the config with ``--config``
+    (it wins over ``config_path``, the default) and override any key with
+    ``--section.key value``. Under torchrun every rank runs this; rank 0
+    prints the run's summary as one JSON line.
+    """
+    config_arg, overrides = _split_config_argument(sys.argv[1:])
+    path = config_arg or config_path
+    if path is None:
+        raise ConfigError("no recipe config: pass --config <yaml>")
+    cfg = load_config(path, overrides)
+    recipe = TrainCLMHeadsRecipe(cfg)
+    try:
+        recipe.run_train_validation_loop()
+    finally:
+        close_distributed()
+    if recipe.result is not None:
+        summary = {**recipe.result.as_dict(), "embedding_ranks": recipe.embedding_ranks}
+        print(json.dumps(summary), flush=True)
+
+
+def _cli() -> int:
+    """``python -m`` / torchrun: errors as one line naming the type (exit 2: fix the input; 1: the run failed)."""
+    import os
+
+    rank = os.environ.get("RANK", "0")
+    logging.basicConfig(level=logging.INFO, format=f"[rank {rank}] %(levelname)s %(name)s: %(message)s")
+    try:
+        main()
+    except INPUT_ERRORS as error:
+        print(f"train_clm_heads [rank {rank}]: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+        return 2
+    except RUN_ERRORS as error:
+        print(f"train_clm_heads [rank {rank}]: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    result = main(sys.argv[1], sys.argv[2:])
-    print(json.dumps(result.as_dict(), indent=2))
+    sys.exit(_cli())
