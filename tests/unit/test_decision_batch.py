@@ -18,6 +18,7 @@ from clm.decision import (
     QuestionLogits,
     assemble_decision_batch,
 )
+from clm.decision.batch import _validated_rows
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ def test_question_objects_satisfy_the_protocol():
 def test_from_questions_pads_in_record_order_and_keeps_identities():
     targets = make_targets(question_weights={"escalate": 0.5}, record_weights=[2.0, 1.0])
     assert targets.record_ids == ("alert-1", "alert-2")
+    assert targets.questions == (tuple(RECORDS["alert-1"]), tuple(RECORDS["alert-2"]))
     assert targets.question_ids == (("disposition", "escalate"), ("severity",))
     assert targets.option_ids[0][1] == ("yes", "no")
     assert targets.row_ids == (("alert-1", "disposition"), ("alert-1", "escalate"), ("alert-2", "severity"))
@@ -80,11 +82,16 @@ def test_from_questions_pads_in_record_order_and_keeps_identities():
     assert targets.reward_mask.tolist() == [True, False, False]
     assert targets.rewards[0].tolist() == [-2.0, 0.5, 1.0, 0.0, 0.0]
     assert targets.rewards[1:].abs().sum() == 0
-    assert targets.question_weights.tolist() == [1.0, 0.5, 1.0]
-    assert targets.record_index.tolist() == [0, 0, 1]
-    assert targets.record_weights.tolist() == [2.0, 1.0]
+    # weights = question weight (missing ids 1) x record weight (a project addition).
+    assert targets.weights.tolist() == [2.0, 1.0, 1.0]
     assert targets.num_options.tolist() == [3, 2, 5]
-    assert targets.reference_logprobs is None
+    assert targets.ref_logprobs is None
+    assert targets.labels.dtype == torch.long and targets.question_types.dtype == torch.long
+
+
+def test_from_questions_without_weights_or_rewards_leaves_the_optional_tensors_out():
+    targets = DecisionTargets.from_questions(["r"], [[Question("a", ("x", "y"), 0)]])
+    assert targets.weights is None and targets.rewards is None and targets.reward_mask is None
 
 
 def test_question_type_names_map_to_loss_type_ids():
@@ -94,20 +101,39 @@ def test_question_type_names_map_to_loss_type_ids():
     assert targets.question_types.tolist() == [0, SCORE_TYPE]
 
 
-def test_reference_logprobs_nested_and_tensor_forms_agree():
-    nested = [[[-1.0, -2.0, -0.5], [-0.1, -2.4]], [[-1.6] * 5]]
-    from_nested = make_targets(reference_logprobs=nested)
-    assert from_nested.reference_logprobs[1].tolist() == pytest.approx([-0.1, -2.4, 0.0, 0.0, 0.0])
-    from_tensor = make_targets(reference_logprobs=from_nested.reference_logprobs.clone())
-    assert torch.equal(from_tensor.reference_logprobs, from_nested.reference_logprobs)
+def reference_of(values: list[list[list[float]]], requires_grad: bool = False) -> list[list[QuestionLogits]]:
+    """Identified reference log-probabilities in RECORDS' order."""
+    return [
+        [
+            QuestionLogits(record_id, q.question_id, q.option_ids, torch.tensor(row).requires_grad_(requires_grad))
+            for q, row in zip(questions, record_values)
+        ]
+        for (record_id, questions), record_values in zip(RECORDS.items(), values)
+    ]
 
 
-def test_to_moves_tensors_and_shares_identities():
-    targets = make_targets()
-    moved = targets.to("cpu")
-    assert moved.question_ids is targets.question_ids
-    assert torch.equal(moved.option_mask, targets.option_mask)
-    assert moved.device == torch.device("cpu")
+REFERENCE = [[[-1.0, -2.0, -0.5], [-0.1, -2.4]], [[-1.6] * 5]]
+
+
+def test_reference_logprobs_are_padded_detached_copies():
+    reference = reference_of(REFERENCE, requires_grad=True)
+    targets = make_targets(reference_logprobs=reference)
+    assert targets.ref_logprobs[1].tolist() == pytest.approx([-0.1, -2.4, 0.0, 0.0, 0.0])
+    assert not targets.ref_logprobs.requires_grad
+    with torch.no_grad():
+        reference[0][1].values.add_(5.0)
+    assert targets.ref_logprobs[1, :2].tolist() == pytest.approx([-0.1, -2.4])
+
+
+def test_to_moves_tensors_and_keeps_identities():
+    targets = make_targets(reference_logprobs=reference_of(REFERENCE))
+    assert targets.to("cpu") is targets  # unchanged device: nothing to copy
+    moved = targets.to("meta")
+    assert moved.device == torch.device("meta")
+    assert all(t.device.type == "meta" for t in (moved.labels, moved.rewards, moved.reward_mask, moved.ref_logprobs))
+    assert moved.record_ids is targets.record_ids and moved.questions is targets.questions
+    assert moved.question_ids == targets.question_ids and moved.row_ids == targets.row_ids
+    assert moved.option_mask.shape == targets.option_mask.shape
 
 
 @pytest.mark.parametrize(
@@ -128,14 +154,45 @@ def test_to_moves_tensors_and_shares_identities():
         (["r"], [[Question("a", ("x",))]], {"question_weights": {"a": -1.0}}, "question_weights['a']"),
         (["r"], [[Question("a", ("x",))]], {"record_weights": [1.0, 2.0]}, "record_weights has 2 entries"),
         (["r"], [[Question("a", ("x",))]], {"record_weights": [float("inf")]}, "record_weights for record 'r'"),
-        (["r"], [[Question("a", ("x", "y"))]], {"reference_logprobs": torch.zeros(1, 3)}, "expected (1, 2)"),
-        (["r"], [[Question("a", ("x", "y"))]], {"reference_logprobs": [[[0.0]]]}, "record 'r', question 'a': reference"),
-        (["r"], [[Question("a", ("x", "y"))]], {"reference_logprobs": torch.tensor([[0.0, float("nan")]])}, "record 'r', question 'a'"),
+        (["r"], [[Question("a", ("x", "y"))]], {"reference_logprobs": torch.zeros(1, 2)}, "one sequence of QuestionLogits per record"),
+        (["r"], [[Question("a", ("x", "y"))]], {"reference_logprobs": [[[0.0, 0.0]]]}, "record 'r', question 'a': reference_logprobs entries must be QuestionLogits"),
+        (["r"], [[Question("a", ("x", "y"))]], {"reference_logprobs": [[QuestionLogits("s", "a", ("x", "y"), torch.zeros(2))]]}, "record 'r', question 'a': the reference log-probabilities at this position belong to record 's'"),
+        (["r"], [[Question("a", ("x", "y"))]], {"reference_logprobs": [[QuestionLogits("r", "b", ("x", "y"), torch.zeros(2))]]}, "belong to record 'r', question 'b'"),
+        (["r"], [[Question("a", ("x", "y"))]], {"reference_logprobs": [[QuestionLogits("r", "a", ("y", "x"), torch.zeros(2))]]}, "reference option order differ"),
+        (["r"], [[Question("a", ("x", "y"))]], {"reference_logprobs": [[QuestionLogits("r", "a", ("x", "y"), torch.zeros(3))]]}, "shape (3,) for 2 options"),
+        (["r"], [[Question("a", ("x", "y"))]], {"reference_logprobs": [[QuestionLogits("r", "a", ("x", "y"), torch.tensor([0.0, float("nan")]))]]}, "record 'r', question 'a': reference log-probabilities must be finite"),
+        (["r"], [[Question("a", ("x", "y"))]], {"reference_logprobs": [[]]}, "one QuestionLogits per question"),
     ],
 )
 def test_from_questions_refuses_malformed_supervision(record_ids, questions, kwargs, message):
     with pytest.raises(DecisionTargetsError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
         DecisionTargets.from_questions(record_ids, questions, **kwargs)
+
+
+def test_assembly_refuses_tensor_only_targets():
+    targets = make_targets()
+    tensor_only = DecisionTargets(labels=targets.labels, option_mask=targets.option_mask, question_types=targets.question_types)
+    with pytest.raises(DecisionBatchError, match="prepared by DecisionTargets.from_questions"):
+        assemble_decision_batch(make_scores(), tensor_only)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"labels": torch.tensor([2, 0, 5])}, "labels must index a real option"),
+        ({"labels": torch.tensor([2.0, 0.0, 3.0])}, "labels must be a integer tensor"),
+        ({"question_types": torch.tensor([1, 0, 3])}, "question_types must be in"),
+        ({"option_mask": torch.ones(3, 5, dtype=torch.long)}, "option_mask must be a 2-D bool tensor"),
+        ({"weights": torch.tensor([1.0, -1.0, 1.0])}, "weights must be finite and >= 0"),
+        ({"ref_logprobs": torch.full((3, 5), float("nan"))}, "ref_logprobs must be finite"),
+        ({"rewards": None}, "reward_mask marks rows with explicit rewards, but rewards is None"),
+        ({"question_types": torch.tensor([1, 1, 2])}, "record 'alert-1', question 'escalate' (row 1): label/question_type differ"),
+        ({"record_ids": ("alert-1",)}, "questions has 2 records but record_ids has 1"),
+    ],
+)
+def test_hand_built_targets_are_checked_against_the_layout_and_their_identities(change, message):
+    with pytest.raises(DecisionTargetsError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        dataclasses.replace(make_targets(), **change)
 
 
 def test_hand_built_targets_must_use_prefix_masks():
@@ -242,6 +299,13 @@ def test_assembly_refuses_every_mismatch_naming_record_and_question(kind):
     assert names in str(error.value)
     if detail is not None:
         assert detail in str(error.value)
+
+
+def test_validated_rows_returns_the_original_tensors_in_record_major_order():
+    scores = make_scores()
+    rows = _validated_rows(scores, make_targets())
+    assert len(rows) == 3
+    assert all(row is question.values for row, question in zip(rows, [s for record in scores for s in record]))
 
 
 def test_assembly_accepts_the_uncorrupted_scores_used_by_the_mismatch_cases():

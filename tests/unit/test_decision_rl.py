@@ -10,7 +10,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clm.decision import IGNORE_INDEX, DecisionLoss, DecisionLossInputError, DecisionTargets
+from clm.decision import (
+    IGNORE_INDEX,
+    DecisionLoss,
+    DecisionLossConfig,
+    DecisionLossInputError,
+    DecisionTargets,
+    QuestionLogits,
+)
 
 SETTINGS = settings(max_examples=25, deadline=None)
 
@@ -22,6 +29,11 @@ class Question:
     label: int = IGNORE_INDEX
     question_type: int = 1
     rewards: tuple[float, ...] | None = None
+
+
+def rl_loss(**fields) -> DecisionLoss:
+    """RL with only the terms a test names (the documented defaults add KL 0.05 and anchor 0.1)."""
+    return DecisionLoss(DecisionLossConfig(**{"mode": "rl", "kl_coef": 0.0, "anchor_weight": 0.0, **fields}))
 
 
 def options(n: int) -> tuple[str, ...]:
@@ -53,11 +65,12 @@ def logits_tensor() -> torch.Tensor:
 
 
 def test_expected_reward_uses_reward_tables_then_labels_and_skips_questions_with_neither():
-    loss_fn = DecisionLoss(mode="rl", rl_objective="expected_reward")
+    loss_fn = rl_loss(rl_objective="expected_reward")
     targets = rl_targets()
-    rewards, has_reward = loss_fn._rewards(targets)
-    assert has_reward.tolist() == [True, True, False]
-    assert rewards[1].tolist() == [0.0, 1.0, 0.0, 0.0]
+    onehot = torch.tensor([[0.0] * 4, [0.0, 1.0, 0.0, 0.0], [0.0] * 4])
+    rewards = loss_fn._rewards(targets, onehot)
+    assert rewards.tolist() == [[1.0, -2.0, 0.5, 0.0], [0.0, 1.0, 0.0, 0.0], [0.0] * 4]
+    assert (loss_fn._effective_weights(targets) > 0).tolist() == [True, True, False]
     p0, p1 = softmax(ROWS[0][:3]), softmax(ROWS[1][:2])
     j0 = p0[0] * 1.0 + p0[1] * -2.0 + p0[2] * 0.5
     j1 = p1[1]
@@ -73,24 +86,31 @@ def test_expected_reward_uses_reward_tables_then_labels_and_skips_questions_with
 
 def test_kl_and_anchor_match_hand_computation():
     reference = [[math.log(0.5), math.log(0.25), math.log(0.25)], [math.log(0.9), math.log(0.1)], [math.log(0.25)] * 4]
-    targets = rl_targets(reference_logprobs=[reference])  # one record
-    loss, metrics = DecisionLoss(mode="rl", kl_coef=0.3, anchor_weight=0.2)(logits_tensor(), targets)
+    identified = [
+        QuestionLogits("r", question_id, options(len(row)), torch.tensor(row, dtype=torch.float64))
+        for question_id, row in zip(["rewarded", "labelled", "nothing"], reference)
+    ]
+    targets = rl_targets(reference_logprobs=[identified])  # one record
+    loss, metrics = rl_loss(kl_coef=0.3, anchor_weight=0.2)(logits_tensor(), targets)
     p0, p1 = softmax(ROWS[0][:3]), softmax(ROWS[1][:2])
     kl0 = sum(p * (math.log(p) - r) for p, r in zip(p0, reference[0]))
     kl1 = sum(p * (math.log(p) - r) for p, r in zip(p1, reference[1]))
     anchor1 = -math.log(p1[1])  # only the labelled question has an anchor
     j0 = p0[0] * 1.0 + p0[1] * -2.0 + p0[2] * 0.5
     j1 = p1[1]
-    # The reference is stored in float32, hence the looser tolerance on KL.
-    assert metrics["kl"].item() == pytest.approx((kl0 + kl1) / 2, rel=1e-6)
+    # A float64 reference is stored in float64 (never below float32), so KL is exact too.
+    assert targets.ref_logprobs.dtype == torch.float64
+    assert metrics["kl"].item() == pytest.approx((kl0 + kl1) / 2, rel=1e-12)
     assert metrics["anchor"].item() == pytest.approx(anchor1 / 2, rel=1e-12)
     expected = (-(j0 + j1) + 0.3 * (kl0 + kl1) + 0.2 * anchor1) / 2
-    assert loss.item() == pytest.approx(expected, rel=1e-6)
+    assert loss.item() == pytest.approx(expected, rel=1e-12)
 
 
 def test_kl_coefficient_without_a_reference_policy_is_refused():
-    with pytest.raises(DecisionLossInputError, match="reference_logprobs"):
-        DecisionLoss(mode="rl", kl_coef=0.1)(logits_tensor(), rl_targets())
+    with pytest.raises(DecisionLossInputError, match="kl_coef=0.1 needs targets.ref_logprobs"):
+        rl_loss(kl_coef=0.1)(logits_tensor(), rl_targets())
+    with pytest.raises(DecisionLossInputError, match="kl_coef=0.05 needs targets.ref_logprobs"):
+        DecisionLoss(DecisionLossConfig(mode="rl"))(logits_tensor(), rl_targets())
 
 
 @st.composite
@@ -112,7 +132,7 @@ def rewarded_batches(draw):
 def test_expected_reward_gradient_is_p_times_advantage(batch):
     targets, logits = batch
     logits.requires_grad_(True)
-    loss, _ = DecisionLoss(mode="rl")(logits, targets)
+    loss, _ = rl_loss()(logits, targets)
     loss.backward()
     with torch.no_grad():
         probs = torch.softmax(logits, dim=-1)
@@ -127,17 +147,24 @@ def test_expected_reward_gradient_is_p_times_advantage(batch):
 @given(batch=rewarded_batches(), reference_seed=st.integers(0, 1000))
 def test_kl_is_zero_when_the_policy_is_the_reference_and_positive_otherwise(batch, reference_seed):
     targets, logits = batch
-    own = torch.log_softmax(logits, dim=-1).masked_fill(~targets.option_mask, 0.0)
-    same = DecisionTargets.from_questions(
-        ["r"], [_questions_of(targets)], reference_logprobs=own.float()
-    )
-    _, metrics = DecisionLoss(mode="rl", kl_coef=1.0)(logits.float(), same)
+    # Hand-built ref_logprobs keep log_softmax's -inf padding: padding is never read.
+    own = torch.log_softmax(logits, dim=-1)
+    same = DecisionTargets.from_questions(["r"], [_questions_of(targets)], reference_logprobs=_identified(targets, own))
+    _, metrics = rl_loss(kl_coef=1.0)(logits.float(), same)
     assert metrics["kl"].item() == pytest.approx(0.0, abs=1e-6)
     other = torch.randn(logits.shape, generator=torch.Generator().manual_seed(reference_seed))
     other = torch.log_softmax(other.masked_fill(~targets.option_mask, float("-inf")), -1)
-    different = DecisionTargets.from_questions(["r"], [_questions_of(targets)], reference_logprobs=other)
-    _, metrics = DecisionLoss(mode="rl", kl_coef=1.0)(logits.float(), different)
+    different = DecisionTargets(labels=targets.labels, option_mask=targets.option_mask,
+                                question_types=targets.question_types, rewards=targets.rewards, ref_logprobs=other)
+    _, metrics = rl_loss(kl_coef=1.0)(logits.float(), different)
     assert metrics["kl"].item() >= -1e-6
+
+
+def _identified(targets: DecisionTargets, logprobs: torch.Tensor) -> list[list[QuestionLogits]]:
+    return [[
+        QuestionLogits(record_id, question_id, opts, logprobs[row, : len(opts)])
+        for row, ((record_id, question_id), opts) in enumerate(zip(targets.row_ids, targets.option_ids[0]))
+    ]]
 
 
 def _questions_of(targets: DecisionTargets) -> list[Question]:
@@ -150,7 +177,7 @@ def _questions_of(targets: DecisionTargets) -> list[Question]:
 
 def _grpo_gradient(targets, logits, num_samples, seed, normalize=False):
     leaf = logits.clone().requires_grad_(True)
-    loss_fn = DecisionLoss(mode="rl", rl_objective="grpo", num_samples=num_samples, normalize_advantages=normalize)
+    loss_fn = rl_loss(rl_objective="grpo", num_samples=num_samples, normalize_advantages=normalize)
     loss, metrics = loss_fn(leaf, targets, generator=torch.Generator().manual_seed(seed))
     loss.backward()
     return loss.detach(), leaf.grad, metrics
@@ -170,7 +197,7 @@ def test_grpo_normalised_advantages_hand_computed_for_a_two_option_group():
     # Rewards (1, 0) make each sampled reward reveal its action.
     targets = DecisionTargets.from_questions(["r"], [[Question("q", options(2), IGNORE_INDEX, 1, (1.0, 0.0))]])
     logits = torch.tensor([[0.5, -0.5]], dtype=torch.float64, requires_grad=True)
-    loss_fn = DecisionLoss(mode="rl", rl_objective="grpo", num_samples=4)
+    loss_fn = rl_loss(rl_objective="grpo", num_samples=4)
     loss, metrics = loss_fn(logits, targets, generator=torch.Generator().manual_seed(0))
     hits = round(metrics["sampled_reward"].item() * 4)
     assert 0 < hits < 4, "seed 0 must draw both options for this case to test anything"
@@ -186,7 +213,7 @@ def test_grpo_normalised_advantages_hand_computed_for_a_two_option_group():
 def test_grpo_gradient_approaches_the_expected_reward_gradient_as_samples_grow():
     targets, logits = rl_targets(), logits_tensor().detach()
     exact_leaf = logits.clone().requires_grad_(True)
-    DecisionLoss(mode="rl")(exact_leaf, targets)[0].backward()
+    rl_loss()(exact_leaf, targets)[0].backward()
     exact = exact_leaf.grad
     real = targets.option_mask
 

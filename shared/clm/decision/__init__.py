@@ -1,14 +1,16 @@
 """Decision objectives: batch assembly, SFT/RL losses, InfoNCE and RLCR.
 
-Reproduces the seeds' decision modules (names, signatures, semantics); the
-maths is specified in the design's ``objectives.md``.  Typical use::
+NeMo AutoModel's documented API, name for name: :mod:`clm.decision.loss` is
+``components.loss.decision`` and :mod:`clm.decision.batch` is
+``components.loss.decision_batch``; the package re-exports their public
+names.  The maths is in ``docs/objectives.md``.  Typical use::
 
     targets = DecisionTargets.from_questions(record_ids, questions, device=device)
     batch = assemble_decision_batch(question_logits, targets)
-    loss, metrics = DecisionLossConfig(mode="sft", label_smoothing=0.1).build()(batch.logits, batch.targets)
+    loss, metrics = DecisionLoss(DecisionLossConfig())(batch.logits, batch.targets)
 """
 
-from clm.decision.batch import DecisionBatch, QuestionLogits, assemble_decision_batch
+from clm.decision.batch import DecisionBatch, DecisionTargetProtocol, DecisionTargets, QuestionLogits, assemble_decision_batch
 from clm.decision.config import DecisionLossConfig
 from clm.decision.constants import CHOICE_TYPE, IGNORE_INDEX, NOUL_TYPE, QUESTION_TYPE_IDS, SCORE_TYPE
 from clm.decision.errors import (
@@ -22,7 +24,6 @@ from clm.decision.infonce import group_masked_bidirectional_infonce
 from clm.decision.loss import DecisionLoss
 from clm.decision.masking import masked_log_softmax
 from clm.decision.rlcr import RLCRLossOutput, rlcr_loss
-from clm.decision.targets import DecisionTargetProtocol, DecisionTargets
 
 __all__ = [
     "CHOICE_TYPE",

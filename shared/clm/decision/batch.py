@@ -1,4 +1,8 @@
-"""Validate identified question scores against supervision, then pad once.
+"""Validate identified question scores against supervision before padding once.
+
+Mirrors NeMo AutoModel's ``components.loss.decision_batch``: this module is
+where its names live (``from clm.decision.batch import DecisionTargets,
+_validated_rows`` works like the NeMo import).
 
 Model adapters attach identities (record, question, option order) to the
 scores in their actual output order.  This boundary rejects every mismatch it
@@ -19,7 +23,8 @@ from dataclasses import dataclass
 import torch
 
 from clm.decision.errors import DecisionBatchError
-from clm.decision.targets import DecisionTargetProtocol, DecisionTargets
+from clm.decision.identities import DecisionTargetProtocol, QuestionLogits
+from clm.decision.targets import DecisionTargets
 
 __all__ = [
     "DecisionBatch",
@@ -28,23 +33,6 @@ __all__ = [
     "QuestionLogits",
     "assemble_decision_batch",
 ]
-
-
-@dataclass(frozen=True)
-class QuestionLogits:
-    """Scores of one question carrying their model-output identity through assembly.
-
-    ``values`` is a 1-D floating tensor with one score per entry of
-    ``option_ids``, in the same order.
-    """
-
-    record_id: str
-    question_id: str
-    option_ids: tuple[str, ...]
-    values: torch.Tensor
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "option_ids", tuple(self.option_ids))
 
 
 @dataclass(frozen=True)
@@ -61,54 +49,64 @@ class DecisionBatch:
 
 
 def _validated_rows(
-    logits: Sequence[Sequence[QuestionLogits]], targets: DecisionTargets
+    scores: Sequence[Sequence[QuestionLogits]], targets: DecisionTargets
 ) -> list[torch.Tensor]:
     """Check identified ragged rows against the prepared supervision order.
 
-    Returns the score tensors in row (record-major) order.  Raises
+    ``scores[r]`` are record ``r``'s ``[options]`` tensors; returns the
+    original tensors (not copies), flattened in record-major order.  Raises
     :class:`DecisionBatchError` naming the record and question at the first
-    mismatch.
+    mismatch, or when ``targets`` carry no identities (tensor-only targets).
     """
-    if len(logits) != targets.num_records:
+    if not targets.has_identities:
         raise DecisionBatchError(
-            f"scores cover {len(logits)} records but the supervision has {targets.num_records}: "
+            "batch assembly needs targets with identities, prepared by DecisionTargets.from_questions; "
+            "these targets were built from tensors only (valid for loss maths, not for assembly)"
+        )
+    if isinstance(scores, (str, torch.Tensor)) or len(scores) != targets.num_records:
+        count = len(scores) if isinstance(scores, Sequence) else type(scores).__name__
+        raise DecisionBatchError(
+            f"scores cover {count} records but the supervision has {targets.num_records}: "
             f"expected records {list(targets.record_ids)}"
         )
     rows: list[torch.Tensor] = []
     reference_dtype: torch.dtype | None = None
     for position, (record_scores, record_id, question_ids, option_ids) in enumerate(
-        zip(logits, targets.record_ids, targets.question_ids, targets.option_ids)
+        zip(scores, targets.record_ids, targets.question_ids, targets.option_ids)
     ):
-        for scores in record_scores:
-            if not isinstance(scores, QuestionLogits):
+        for question_scores in record_scores:
+            if not isinstance(question_scores, QuestionLogits):
                 raise DecisionBatchError(
-                    f"record {record_id!r}: expected QuestionLogits, got {type(scores).__name__}"
+                    f"record {record_id!r}: expected QuestionLogits, got {type(question_scores).__name__}"
                 )
-            if scores.record_id != record_id:
+            if question_scores.record_id != record_id:
                 raise DecisionBatchError(
-                    f"record {record_id!r}, question {scores.question_id!r}: scores at record position "
-                    f"{position} belong to record {scores.record_id!r} (record order differs from the supervision "
-                    f"{list(targets.record_ids)})"
+                    f"record {record_id!r}, question {question_scores.question_id!r}: scores at record position "
+                    f"{position} belong to record {question_scores.record_id!r} (record order differs from the "
+                    f"supervision {list(targets.record_ids)})"
                 )
-        got_questions = [scores.question_id for scores in record_scores]
+        got_questions = [question_scores.question_id for question_scores in record_scores]
         if len(got_questions) != len(question_ids):
             raise DecisionBatchError(
                 f"record {record_id!r} (position {position}): got {len(got_questions)} questions "
                 f"{got_questions}, expected {len(question_ids)} {list(question_ids)}"
             )
-        for index, (scores, question_id, options) in enumerate(zip(record_scores, question_ids, option_ids)):
+        for index, (question_scores, question_id, options) in enumerate(
+            zip(record_scores, question_ids, option_ids)
+        ):
             where = f"record {record_id!r}, question {question_id!r}"
-            if scores.question_id != question_id:
+            if question_scores.question_id != question_id:
                 raise DecisionBatchError(
-                    f"{where}: scores at question position {index} belong to question {scores.question_id!r} "
-                    f"(question order differs from the supervision {list(question_ids)})"
+                    f"{where}: scores at question position {index} belong to question "
+                    f"{question_scores.question_id!r} (question order differs from the supervision {list(question_ids)})"
                 )
-            if scores.option_ids != options:
-                kind = "option order" if sorted(scores.option_ids) == sorted(options) else "option ids"
+            if question_scores.option_ids != options:
+                kind = "option order" if sorted(question_scores.option_ids) == sorted(options) else "option ids"
                 raise DecisionBatchError(
-                    f"{where}: {kind} differ: scores have {list(scores.option_ids)}, supervision has {list(options)}"
+                    f"{where}: {kind} differ: scores have {list(question_scores.option_ids)}, "
+                    f"supervision has {list(options)}"
                 )
-            values = scores.values
+            values = question_scores.values
             if not isinstance(values, torch.Tensor) or values.dim() != 1 or values.shape[0] != len(options):
                 shape = tuple(values.shape) if isinstance(values, torch.Tensor) else type(values).__name__
                 raise DecisionBatchError(
@@ -135,7 +133,10 @@ def assemble_decision_batch(
     """Validate identified scores and pad them using the supervision's mask.
 
     ``logits[r]`` are record ``r``'s :class:`QuestionLogits` in model-output
-    order.  The result's ``logits`` is ``[Q, O]``, ``-inf`` where padded.
+    order, all of one dtype and on ``targets``' device (``targets`` prepared
+    by ``from_questions``).  The result's ``logits`` is ``[Q, O]`` in
+    record-major order, ``-inf`` where padded, with autograd connected to
+    every input.
     """
     rows = _validated_rows(logits, targets)
     flat = torch.cat(rows)

@@ -21,21 +21,24 @@ MAX_LOGIT_SCALE = math.log(100.0)
 
 
 def group_masked_bidirectional_infonce(
-    state_proj: torch.Tensor,
-    action_proj: torch.Tensor,
+    state_projections: torch.Tensor,
+    action_projections: torch.Tensor,
     logit_scale: torch.Tensor | float,
     group_ids: torch.Tensor | Sequence[Hashable] | None = None,
 ) -> torch.Tensor:
     """Mean of the row-wise and column-wise cross-entropies against the diagonal.
 
-    ``S = exp(min(logit_scale, log 100)) · normalize(state) · normalize(action)ᵀ``;
-    off-diagonal entries ``(i, j)`` with ``group_ids[i] == group_ids[j]`` are
-    excluded.  ``group_ids`` may be an integer tensor or any hashable ids
-    (e.g. text hashes).
+    ``S = exp(min(logit_scale, log 100)) · normalize(state) · normalize(action)ᵀ``
+    for ``[N, D]`` projections; off-diagonal entries ``(i, j)`` with
+    ``group_ids[i] == group_ids[j]`` are excluded.  Project additions:
+    ``logit_scale`` may be a float, ``group_ids`` any hashable ids (e.g. texts).
     """
+    state_proj, action_proj = state_projections, action_projections
+    if not isinstance(state_proj, torch.Tensor) or not isinstance(action_proj, torch.Tensor):
+        raise DecisionLossInputError("state_projections and action_projections must be tensors")
     if state_proj.dim() != 2 or action_proj.dim() != 2 or state_proj.shape != action_proj.shape:
         raise DecisionLossInputError(
-            f"state_proj and action_proj must both be [N, D] with equal shapes, got "
+            f"state_projections and action_projections must both be [N, D] with equal shapes, got "
             f"{tuple(state_proj.shape)} and {tuple(action_proj.shape)}"
         )
     size = state_proj.shape[0]

@@ -1,5 +1,9 @@
 """Post-training objectives for decision models (per-question distributions over options).
 
+Mirrors NeMo AutoModel's ``components.loss.decision``: this module is where
+its names live (``from clm.decision.loss import DecisionLossConfig,
+_masked_mean`` works like the NeMo import).
+
 Every question of every record is one decision: the model emits one logit per
 allowed option and the answer distribution is a softmax over them.  A batch
 is a padded ``[questions, options]`` logit matrix plus the boolean option mask
@@ -24,9 +28,9 @@ import torch
 from torch import nn
 
 from clm.decision import rl, sft
-from clm.decision.config import DecisionLossConfig, Mode, RLObjective
+from clm.decision.config import DecisionLossConfig
 from clm.decision.constants import IGNORE_INDEX, SCORE_TYPE
-from clm.decision.errors import DecisionLossInputError
+from clm.decision.errors import DecisionLossConfigError, DecisionLossInputError
 from clm.decision.infonce import group_masked_bidirectional_infonce
 from clm.decision.masking import OptionMajorLayout, masked_log_softmax, option_major_log_softmax
 from clm.decision.rlcr import RLCRLossOutput, rlcr_loss
@@ -43,71 +47,90 @@ __all__ = [
     "rlcr_loss",
 ]
 
-Metrics = dict[str, torch.Tensor]
+
+def _masked_mean(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """``Σ_q values[..., q]·weights[q] / Σ_q weights[q]``; 0 when no weight is positive.
+
+    ``weights`` (float or bool, ``[Q]``) are 0 for the questions that do not
+    count; ``values`` is ``[Q]`` (a 0-d result) or ``[K, Q]`` (``[K]``).  The
+    values of zero-weight questions must be finite (the loss's are).
+    """
+    weights = weights.to(values.dtype)
+    # Σw = 0 (nothing counts) gives 0, not 0/0; the clamp never changes a real batch.
+    return (values @ weights) / weights.sum().clamp_min(torch.finfo(values.dtype).tiny)
 
 
 class DecisionLoss(nn.Module):
-    """The configured decision objective; build it from :class:`DecisionLossConfig`.
+    """The configured decision objective: ``DecisionLoss(config)`` or ``config.build()``.
 
     ``forward(logits, targets, generator=None)`` returns ``(loss, metrics)``;
     every metric is a detached 0-d tensor (no host sync is forced).
     """
 
-    def __init__(
-        self,
-        *,
-        mode: Mode = "sft",
-        label_smoothing: float = 0.0,
-        brier_weight: float = 0.0,
-        ordinal_weight: float = 0.0,
-        rl_objective: RLObjective = "expected_reward",
-        num_samples: int = 8,
-        sample_temperature: float = 1.0,
-        normalize_advantages: bool = True,
-        kl_coef: float = 0.0,
-        anchor_weight: float = 0.0,
-    ) -> None:
+    def __init__(self, config: DecisionLossConfig) -> None:
         super().__init__()
-        self.config = DecisionLossConfig(
-            mode=mode,
-            label_smoothing=label_smoothing,
-            brier_weight=brier_weight,
-            ordinal_weight=ordinal_weight,
-            rl_objective=rl_objective,
-            num_samples=num_samples,
-            sample_temperature=sample_temperature,
-            normalize_advantages=normalize_advantages,
-            kl_coef=kl_coef,
-            anchor_weight=anchor_weight,
-        )
+        if not isinstance(config, DecisionLossConfig):
+            raise DecisionLossConfigError(f"DecisionLoss needs a DecisionLossConfig, got {type(config).__name__}")
+        self.config = config
 
     # ---------------------------------------------------------------- weights
     def _counted(self, targets: DecisionTargets) -> torch.Tensor:
         """``[Q]`` bool: labelled questions (SFT), or those with any reward (RL)."""
         labelled = targets.labels != IGNORE_INDEX
-        return labelled if self.config.mode == "sft" else labelled | targets.reward_mask
+        return labelled if self.config.mode == "sft" else labelled | targets.explicit_rewards
 
     def _effective_weights(self, targets: DecisionTargets) -> torch.Tensor:
         """``[Q]`` weight ``w_q`` of every question that counts, 0 for the others.
 
-        ``w_q = record weight × question_weights[question_id] × targets.weights``.
+        ``w_q = targets.weights[q] × config.question_weights[question_id]``
+        (each 1 when absent); the config's weights need targets with
+        identities, since tensors alone do not say which question a row is.
         """
-        weights = targets.record_weights.index_select(0, targets.record_index) * targets.question_weights
-        if targets.weights is not None:
-            weights = weights * targets.weights
-        return weights.masked_fill(~self._counted(targets), 0.0)
+        counted = self._counted(targets)
+        if targets.weights is None:
+            weights = counted.to(torch.float32)
+        else:
+            weights = targets.weights * counted.to(targets.weights.dtype)
+        if self.config.question_weights:
+            weights = weights * self._question_weight_column(targets).to(weights.dtype)
+        return weights
+
+    def _question_weight_column(self, targets: DecisionTargets) -> torch.Tensor:
+        if not targets.has_identities:
+            raise DecisionLossInputError(
+                "DecisionLossConfig.question_weights needs targets that carry question ids "
+                "(DecisionTargets.from_questions); these targets were built from tensors only"
+            )
+        by_id = self.config.question_weights
+        column = [float(by_id.get(question_id, 1.0)) for _, question_id in targets.row_ids]
+        return torch.tensor(column, dtype=torch.float32, device=targets.device)
 
     def normalization_weight(self, targets: DecisionTargets) -> torch.Tensor:
         """The loss denominator ``Σ w_q`` over the questions that count (0-d tensor).
 
         With it a caller accumulating microbatches recovers the full-batch loss
-        as ``Σ_i loss_i·nw_i / Σ_i nw_i`` without keeping every graph.
+        as ``Σ_i loss_i·nw_i / Σ_i nw_i`` without keeping every graph.  Summed
+        in float64, so those sums over many microbatches (and ranks) stay exact.
         """
-        return self._effective_weights(targets).sum()
+        return self._effective_weights(targets).sum(dtype=torch.float64)
 
-    def _rewards(self, targets: DecisionTargets, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-        """``([Q, O] rewards, [Q] has_reward)``: reward table, else one-hot of the label."""
-        return rl.reward_table(targets, dtype)
+    def _rewards(self, targets: DecisionTargets, onehot: torch.Tensor) -> torch.Tensor:
+        """``[Q, O]`` rewards: explicit rows from ``targets.rewards``, the others ``onehot``.
+
+        ``onehot`` is the ``[Q, O]`` one-hot of the labels (zero rows for
+        unlabelled questions; a question with neither reward source is left
+        out of the RL objective by :meth:`_effective_weights`).  Padded
+        entries are 0.
+        """
+        if onehot.shape != targets.option_mask.shape:
+            raise DecisionLossInputError(
+                f"onehot has shape {tuple(onehot.shape)}, the targets' layout is {tuple(targets.option_mask.shape)}"
+            )
+        if targets.rewards is None:
+            return onehot
+        explicit = targets.rewards.to(onehot.dtype)
+        rewards = torch.where(targets.explicit_rewards.unsqueeze(1), explicit, onehot)
+        return torch.where(targets.option_mask, rewards, 0.0)
 
     # ---------------------------------------------------------------- forward
     def forward(
@@ -115,7 +138,7 @@ class DecisionLoss(nn.Module):
         logits: torch.Tensor,
         targets: DecisionTargets,
         generator: torch.Generator | None = None,
-    ) -> tuple[torch.Tensor, Metrics]:
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Loss over a ``[Q, O]`` logit matrix laid out like ``targets``.
 
         Padding logits may hold any value: they are replaced by ``-inf`` and
@@ -138,20 +161,17 @@ class DecisionLoss(nn.Module):
         logp_zeroed = layout.zero_padding(logp)
         gold_logp = sft.gold_log_prob(logp_zeroed, layout)
         weights = self._effective_weights(targets).to(compute_dtype)
-        denominator = weights.sum()
-        # Σw = 0 (nothing counts) gives loss 0, not 0/0; the clamp never changes a real batch.
-        safe_denominator = denominator.clamp_min(torch.finfo(compute_dtype).tiny)
         if self.config.mode == "sft":
             per_question, parts = self._sft(logp, logp_zeroed, gold_logp, layout, targets)
         else:
             per_question, parts = self._rl(logp, logp_zeroed, gold_logp, layout, targets, generator)
-        loss = (per_question * weights).sum() / safe_denominator
+        loss = _masked_mean(per_question, weights)
         with torch.no_grad():
             names = list(parts)
-            means = torch.stack([parts[name].detach() for name in names]) @ weights / safe_denominator
-            metrics: Metrics = {"loss": loss.detach(), **dict(zip(names, means.unbind()))}
+            means = _masked_mean(torch.stack([parts[name].detach() for name in names]), weights)
+            metrics: dict[str, torch.Tensor] = {"loss": loss.detach(), **dict(zip(names, means.unbind()))}
             metrics["accuracy"] = _accuracy(logp, gold_logp, layout)
-            metrics["normalization_weight"] = denominator.detach()
+            metrics["normalization_weight"] = weights.sum(dtype=torch.float64)
         return loss, metrics
 
     def _sft(
@@ -161,7 +181,7 @@ class DecisionLoss(nn.Module):
         gold_logp: torch.Tensor,
         layout: OptionMajorLayout,
         targets: DecisionTargets,
-    ) -> tuple[torch.Tensor, Metrics]:
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         cfg = self.config
         ce = sft.smoothed_cross_entropy(logp_zeroed, gold_logp, layout, cfg.label_smoothing)
         probs = logp.exp()
@@ -185,14 +205,18 @@ class DecisionLoss(nn.Module):
         layout: OptionMajorLayout,
         targets: DecisionTargets,
         generator: torch.Generator | None,
-    ) -> tuple[torch.Tensor, Metrics]:
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         cfg = self.config
-        if cfg.kl_coef > 0 and targets.reference_logprobs is None:
-            raise DecisionLossInputError("kl_coef > 0 needs targets.reference_logprobs (the reference policy)")
+        if cfg.kl_coef > 0 and targets.ref_logprobs is None:
+            raise DecisionLossInputError(
+                f"kl_coef={cfg.kl_coef} needs targets.ref_logprobs (the frozen reference policy); "
+                "pass reference_logprobs to DecisionTargets.from_questions or set kl_coef=0"
+            )
         probs = logp.exp()
-        rewards = self._rewards(targets, logp.dtype)[0].T.contiguous()
+        onehot = (layout.gold * layout.labelled.to(logp.dtype)).T
+        rewards = self._rewards(targets, onehot).T.contiguous()
         value = rl.expected_reward(probs, rewards)
-        parts: Metrics = {"mean_reward": value}
+        parts: dict[str, torch.Tensor] = {"mean_reward": value}
         if cfg.rl_objective == "expected_reward":
             policy = -value
         else:
@@ -201,10 +225,11 @@ class DecisionLoss(nn.Module):
             )
         parts["policy"] = policy
         per_question = policy
-        if targets.reference_logprobs is not None:
-            reference = targets.reference_logprobs.to(logp.dtype).T.contiguous()
+        if targets.ref_logprobs is not None:
+            # Padded reference entries may hold anything (-inf from a log-softmax): never read them.
+            reference = torch.where(layout.mask, targets.ref_logprobs.to(logp.dtype).T, 0.0)
             with torch.set_grad_enabled(torch.is_grad_enabled() and cfg.kl_coef > 0):
-                parts["kl"] = rl.kl_to_reference(probs, logp_zeroed, reference, layout)
+                parts["kl"] = rl.kl_to_reference(probs, logp_zeroed, reference)
             if cfg.kl_coef > 0:
                 per_question = per_question + cfg.kl_coef * parts["kl"]
         anchor = -gold_logp * layout.labelled.to(logp.dtype)
@@ -215,6 +240,8 @@ class DecisionLoss(nn.Module):
 
 
 def _check_inputs(logits: torch.Tensor, targets: DecisionTargets) -> None:
+    if not isinstance(targets, DecisionTargets):
+        raise DecisionLossInputError(f"targets must be DecisionTargets, got {type(targets).__name__}")
     if not isinstance(logits, torch.Tensor) or not logits.dtype.is_floating_point:
         raise DecisionLossInputError(f"logits must be a floating-point tensor, got {type(logits).__name__}")
     if logits.shape != targets.option_mask.shape:

@@ -10,27 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from clm.decision.constants import IGNORE_INDEX
-from clm.decision.masking import OptionMajorLayout
-from clm.decision.targets import DecisionTargets
-
 #: Added to the group standard deviation so a group of equal rewards gives
 #: advantages of 0 instead of 0/0.
 ADVANTAGE_STD_EPS = 1e-6
-
-
-def reward_table(targets: DecisionTargets, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """``([Q, O] rewards, [Q] has_reward)``, question-major.
-
-    A question's rewards are its reward table where it has one, else the
-    one-hot of its label; a question with neither has no reward and is left
-    out of the RL objective.
-    """
-    labelled = targets.labels != IGNORE_INDEX
-    columns = torch.arange(targets.max_options, device=targets.device).unsqueeze(0)
-    one_hot = ((columns == targets.labels.unsqueeze(1)) & labelled.unsqueeze(1)).to(dtype)
-    rewards = torch.where(targets.reward_mask.unsqueeze(1), targets.rewards.to(dtype), one_hot)
-    return rewards, targets.reward_mask | labelled
 
 
 def expected_reward(probs: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
@@ -66,8 +48,6 @@ def grpo_surrogate(
     return surrogate, sampled_rewards.mean(dim=0)
 
 
-def kl_to_reference(
-    probs: torch.Tensor, logp_zeroed: torch.Tensor, reference_logp: torch.Tensor, layout: OptionMajorLayout
-) -> torch.Tensor:
-    """``KL(π || π_ref) = Σ_{o real} p[o]·(log p[o] - ref[o])`` per question."""
-    return (probs * (logp_zeroed - reference_logp * layout.real)).sum(dim=0)
+def kl_to_reference(probs: torch.Tensor, logp_zeroed: torch.Tensor, reference_logp: torch.Tensor) -> torch.Tensor:
+    """``KL(π || π_ref) = Σ_{o real} p[o]·(log p[o] - ref[o])`` per question (``reference_logp`` 0 where padded)."""
+    return (probs * (logp_zeroed - reference_logp)).sum(dim=0)

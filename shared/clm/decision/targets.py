@@ -1,88 +1,147 @@
-"""Padded supervision for a batch of decisions, with every identity kept.
+"""Padded supervision for a batch of decisions, with the original identities kept.
 
-:class:`DecisionTargets` is built once per batch, in record order, *before*
-the model runs.  It is the single authority on the ``[Q, O]`` layout: which
-row belongs to which (record, question), how many options each row has and in
-what order.  Model scores are later checked against it by
-:func:`clm.decision.batch.assemble_decision_batch`.
+:class:`DecisionTargets` is the single authority on the ``[Q, O]`` layout
+(``Q`` questions of all records, ``O`` the largest option count): which row
+is which (record, question), how many options it has and in what order.
 
-Layout rules (validated in ``__post_init__``):
+Two ways to build it, as the NeMo document describes:
 
-* rows are record-major: all questions of record 0, then record 1, ...;
-* the real options of a row are its first ``n_q`` columns (prefix mask), so
-  column ``o`` is option ``option_ids[o]`` and labels index columns directly;
-* padded entries of ``rewards`` and ``reference_logprobs`` are 0, never used.
+* ``DecisionTargets(labels=..., option_mask=..., question_types=...)``: tensors
+  only, valid for isolated loss maths (no identities, so no batch assembly);
+* :meth:`DecisionTargets.from_questions`: before the model runs, from the
+  records' question supervision; it keeps ``record_ids`` and ``questions``
+  so :func:`clm.decision.batch.assemble_decision_batch` can check model
+  scores against them.
+
+Layout rules, checked for both (a documented call never gets a silent NaN):
+rows are record-major; each row's real options are its first ``n_q`` columns
+(prefix mask), so ``labels`` index columns directly; real reward and
+reference entries are finite; padded entries are never read.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from dataclasses import dataclass, fields
 
 import torch
 
-from clm.decision.constants import IGNORE_INDEX, QUESTION_TYPE_IDS, SCORE_TYPE
+from clm.decision.constants import IGNORE_INDEX, QUESTION_TYPE_IDS
 from clm.decision.errors import DecisionTargetsError
+from clm.decision.identities import DecisionTargetProtocol, QuestionLogits
+from clm.decision.preparation import prepared_fields, type_id
 
-ReferenceLogprobs = torch.Tensor | Sequence[Sequence[Sequence[float] | torch.Tensor]]
-
-
-@runtime_checkable
-class DecisionTargetProtocol(Protocol):
-    """Read-only supervision of one question, aligned with the model's option order.
-
-    ``label`` is the index of the gold option in ``option_ids`` or
-    :data:`IGNORE_INDEX`; ``question_type`` is the loss type id (0 noul,
-    1 choice, 2 score; the SystemOne names are accepted too); ``rewards`` is
-    one utility per option, in ``option_ids`` order, or ``None``.
-    """
-
-    @property
-    def question_id(self) -> str: ...
-
-    @property
-    def option_ids(self) -> Sequence[str]: ...
-
-    @property
-    def label(self) -> int: ...
-
-    @property
-    def question_type(self) -> int: ...
-
-    @property
-    def rewards(self) -> Sequence[float] | None: ...
+__all__ = ["DecisionTargetProtocol", "DecisionTargets", "QuestionLogits"]
 
 
 @dataclass(frozen=True)
 class DecisionTargets:
-    """Padded supervision tensors plus the record/question/option identities.
+    """Padded supervision and the original record/question/option identities.
 
-    ``Q`` is the number of questions of all records, ``O`` the largest option
-    count, ``R`` the number of records.  Effective question weight is
-    ``record_weights[record_index] * question_weights * weights``.
+    ``labels`` long ``[Q]`` (gold column or -100); ``option_mask`` bool
+    ``[Q, O]`` (True for a real option; also the mask of the assembled
+    logits); ``question_types`` long ``[Q]`` (0 noul, 1 choice, 2 score);
+    ``rewards`` float ``[Q, O]`` with ``reward_mask`` bool ``[Q]`` (explicit
+    rewards on True rows, the label's one-hot otherwise; ``rewards`` without
+    ``reward_mask`` means every row is explicit); ``ref_logprobs`` float
+    ``[Q, O]`` (reference policy for RL's KL); ``weights`` float ``[Q]``
+    (missing = 1); ``record_ids`` and ``questions`` (targets grouped by
+    record, in option order) are empty for tensor-only construction.
     """
 
-    record_ids: tuple[str, ...]
-    question_ids: tuple[tuple[str, ...], ...]  # per record, in model-output order
-    option_ids: tuple[tuple[tuple[str, ...], ...], ...]  # per record, per question
-    labels: torch.Tensor  # [Q] int64, gold column or IGNORE_INDEX
-    question_types: torch.Tensor  # [Q] int64
-    option_mask: torch.Tensor  # [Q, O] bool, prefix form
-    rewards: torch.Tensor  # [Q, O] float32, 0 where absent or padded
-    reward_mask: torch.Tensor  # [Q] bool, True where the question has a reward table
-    question_weights: torch.Tensor  # [Q] float64 (exact sums when accumulating), per-question-id weights
-    record_index: torch.Tensor  # [Q] int64, row -> position in record_ids
-    record_weights: torch.Tensor  # [R] float64
-    reference_logprobs: torch.Tensor | None = None  # [Q, O] float32, 0 where padded
-    weights: torch.Tensor | None = None  # [Q] extra caller weights
+    labels: torch.Tensor
+    option_mask: torch.Tensor
+    question_types: torch.Tensor
+    rewards: torch.Tensor | None = None
+    reward_mask: torch.Tensor | None = None
+    ref_logprobs: torch.Tensor | None = None
+    weights: torch.Tensor | None = None
+    record_ids: tuple[str, ...] = ()
+    questions: tuple[tuple[DecisionTargetProtocol, ...], ...] = ()
 
     def __post_init__(self) -> None:
-        _validate_layout(self)
+        if isinstance(self.record_ids, str) or isinstance(self.questions, str):
+            raise DecisionTargetsError("record_ids and questions must be sequences, not a string")
+        # Identity metadata is immutable: tuples, and option ids snapshotted below.
+        object.__setattr__(self, "record_ids", tuple(self.record_ids))
+        object.__setattr__(self, "questions", tuple(tuple(record) for record in self.questions))
+        _validate_tensors(self)
+        question_ids, option_ids = _identities(self)
+        object.__setattr__(self, "_question_ids", question_ids)
+        object.__setattr__(self, "_option_ids", option_ids)
+
+    # ------------------------------------------------------------ construction
+    @classmethod
+    def from_questions(
+        cls,
+        record_ids: Sequence[str],
+        questions: Sequence[Sequence[DecisionTargetProtocol]],
+        question_weights: Mapping[str, float] | None = None,
+        reference_logprobs: Sequence[Sequence[QuestionLogits]] | None = None,
+        device: torch.device | str | None = None,
+        *,
+        record_weights: Sequence[float] | None = None,
+    ) -> DecisionTargets:
+        """Prepare supervision before model forwards, preserving identities.
+
+        ``questions[r]`` are record ``r``'s targets in the order the model
+        emits them.  ``question_weights`` maps a question id to its weight
+        (missing ids use 1).  ``reference_logprobs`` are identified
+        :class:`QuestionLogits` (log-probabilities), one per question in the
+        same nested order: their record, question and option identities are
+        checked, their values must be finite, and the stored copy is detached.
+        ``device`` defaults to the CPU.  Project addition: ``record_weights``
+        (one per record, default 1) multiply into ``weights``.
+        """
+        prepared = cls(**prepared_fields(record_ids, questions, question_weights, reference_logprobs, record_weights))
+        return prepared if device is None else prepared.to(device)
+
+    def to(self, device: torch.device | str) -> DecisionTargets:
+        """Return supervision on ``device``, retaining immutable identity metadata.
+
+        The result has the same tensor shapes; ``record_ids`` and
+        ``questions`` are the same objects.  Already on ``device``: ``self``.
+        """
+        device = torch.device(device)
+        moved = {
+            field.name: value.to(device)
+            for field in fields(self)
+            if isinstance(value := getattr(self, field.name), torch.Tensor) and value.device != device
+        }
+        if not moved:
+            return self
+        # Validated already; moving tensors cannot break a layout rule, so skip
+        # __post_init__ (its checks would synchronise with the device).
+        copy = object.__new__(type(self))
+        copy.__dict__.update(self.__dict__)
+        copy.__dict__.update(moved)
+        return copy
 
     # ------------------------------------------------------------------ views
+    @property
+    def has_identities(self) -> bool:
+        """True when built with ``questions`` (``from_questions``): assembly needs them."""
+        return bool(self.questions)
+
+    @property
+    def question_ids(self) -> tuple[tuple[str, ...], ...]:
+        """Per record, its question ids in model-output order (empty without identities)."""
+        return self._question_ids  # type: ignore[attr-defined]
+
+    @property
+    def option_ids(self) -> tuple[tuple[tuple[str, ...], ...], ...]:
+        """Per record and question, the option ids in column order (empty without identities)."""
+        return self._option_ids  # type: ignore[attr-defined]
+
+    @property
+    def row_ids(self) -> tuple[tuple[str, str], ...]:
+        """``(record_id, question_id)`` of every row, for messages and reports."""
+        return tuple(
+            (record_id, question_id)
+            for record_id, question_ids in zip(self.record_ids, self.question_ids)
+            for question_id in question_ids
+        )
+
     @property
     def num_records(self) -> int:
         return len(self.record_ids)
@@ -105,239 +164,98 @@ class DecisionTargets:
         return self.option_mask.device
 
     @property
-    def row_ids(self) -> tuple[tuple[str, str], ...]:
-        """``(record_id, question_id)`` of every row, for messages and reports."""
-        return tuple(
-            (record_id, question_id)
-            for record_id, questions in zip(self.record_ids, self.question_ids)
-            for question_id in questions
-        )
-
-    # ------------------------------------------------------------ construction
-    @classmethod
-    def from_questions(
-        cls,
-        record_ids: Sequence[str],
-        questions: Sequence[Sequence[DecisionTargetProtocol]],
-        question_weights: Mapping[str, float] | None = None,
-        reference_logprobs: ReferenceLogprobs | None = None,
-        device: torch.device | str | None = None,
-        *,
-        record_weights: Sequence[float] | None = None,
-    ) -> DecisionTargets:
-        """Pad per-record question supervision into ``[Q, O]`` tensors, in record order.
-
-        ``questions[r]`` are record ``r``'s questions in the order the model
-        emits them.  ``question_weights`` maps a question id to its weight
-        (missing ids weigh 1).  ``reference_logprobs`` is either a ``[Q, O]``
-        tensor in this layout or, per record and per question, one
-        log-probability per option.  ``record_weights`` (one per record)
-        defaults to 1.
-        """
-        if isinstance(record_ids, str) or len(record_ids) != len(questions):
-            raise DecisionTargetsError(
-                f"record_ids and questions must be parallel sequences, got "
-                f"{len(record_ids)} record ids for {len(questions)} question lists"
-            )
-        if not record_ids:
-            raise DecisionTargetsError("a decision batch needs at least one record")
-        weights_by_id = dict(question_weights or {})
-        for question_id, weight in weights_by_id.items():
-            _require_weight(weight, f"question_weights[{question_id!r}]")
-        per_record_weights = [1.0] * len(record_ids) if record_weights is None else list(record_weights)
-        if len(per_record_weights) != len(record_ids):
-            raise DecisionTargetsError(
-                f"record_weights has {len(per_record_weights)} entries for {len(record_ids)} records"
-            )
-
-        labels, types, counts, reward_rows, has_reward, q_weights, record_index = [], [], [], [], [], [], []
-        question_ids, option_ids = [], []
-        for r, (record_id, record_questions) in enumerate(zip(record_ids, questions)):
-            if not isinstance(record_id, str) or not record_id:
-                raise DecisionTargetsError(f"record id at position {r} must be a non-empty string, got {record_id!r}")
-            _require_weight(per_record_weights[r], f"record_weights for record {record_id!r}")
-            if not record_questions:
-                raise DecisionTargetsError(f"record {record_id!r} has no questions")
-            seen: set[str] = set()
-            ids, options = [], []
-            for question in record_questions:
-                where = f"record {record_id!r}, question {question.question_id!r}"
-                if question.question_id in seen:
-                    raise DecisionTargetsError(f"{where}: duplicate question id in the record")
-                seen.add(question.question_id)
-                option_tuple = _checked_options(question.option_ids, where)
-                qtype = _checked_type(question.question_type, len(option_tuple), where)
-                labels.append(_checked_label(question.label, len(option_tuple), where))
-                types.append(qtype)
-                counts.append(len(option_tuple))
-                rewards = _checked_rewards(question.rewards, len(option_tuple), where)
-                reward_rows.append(rewards or [])
-                has_reward.append(rewards is not None)
-                q_weights.append(float(weights_by_id.get(question.question_id, 1.0)))
-                record_index.append(r)
-                ids.append(question.question_id)
-                options.append(option_tuple)
-            question_ids.append(tuple(ids))
-            option_ids.append(tuple(options))
-
-        num_questions, width = len(counts), max(counts)
-        count_tensor = torch.tensor(counts, dtype=torch.long)
-        option_mask = torch.arange(width).unsqueeze(0) < count_tensor.unsqueeze(1)
-        rewards_tensor = torch.zeros(num_questions, width, dtype=torch.float32)
-        flat_rewards = [value for row in reward_rows for value in row]
-        if flat_rewards:
-            reward_positions = option_mask & torch.tensor(has_reward).unsqueeze(1)
-            rewards_tensor[reward_positions] = torch.tensor(flat_rewards, dtype=torch.float32)
-        row_ids = [(rid, qid) for rid, ids in zip(record_ids, question_ids) for qid in ids]
-        reference = _padded_reference(reference_logprobs, option_ids, record_ids, row_ids, option_mask)
-        targets = cls(
-            record_ids=tuple(record_ids),
-            question_ids=tuple(question_ids),
-            option_ids=tuple(option_ids),
-            labels=torch.tensor(labels, dtype=torch.long),
-            question_types=torch.tensor(types, dtype=torch.long),
-            option_mask=option_mask,
-            rewards=rewards_tensor,
-            reward_mask=torch.tensor(has_reward, dtype=torch.bool),
-            question_weights=torch.tensor(q_weights, dtype=torch.float64),
-            record_index=torch.tensor(record_index, dtype=torch.long),
-            record_weights=torch.tensor(per_record_weights, dtype=torch.float64),
-            reference_logprobs=reference,
-        )
-        return targets if device is None else targets.to(device)
-
-    def to(self, device: torch.device | str) -> DecisionTargets:
-        """The same supervision with every tensor on ``device`` (identities are shared)."""
-        moved = {
-            field.name: value.to(device)
-            for field in dataclasses.fields(self)
-            if isinstance(value := getattr(self, field.name), torch.Tensor)
-        }
-        return dataclasses.replace(self, **moved)
+    def explicit_rewards(self) -> torch.Tensor:
+        """``[Q]`` bool: rows whose rewards are explicit (else the label's one-hot is used)."""
+        if self.rewards is None:
+            return torch.zeros(self.num_questions, dtype=torch.bool, device=self.device)
+        if self.reward_mask is None:
+            return torch.ones(self.num_questions, dtype=torch.bool, device=self.device)
+        return self.reward_mask
 
 
 # ---------------------------------------------------------------- validation
-def _require_weight(value: float, what: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise DecisionTargetsError(f"{what} must be a finite number >= 0, got {value!r}")
+_KINDS = {
+    "integer": lambda dtype: not dtype.is_floating_point and not dtype.is_complex and dtype != torch.bool,
+    "float": lambda dtype: dtype.is_floating_point,
+    "bool": lambda dtype: dtype == torch.bool,
+}
 
 
-def _checked_options(option_ids: Sequence[str], where: str) -> tuple[str, ...]:
-    options = tuple(option_ids)
-    if not options:
-        raise DecisionTargetsError(f"{where}: a question needs at least one option")
-    if any(not isinstance(option, str) for option in options):
-        raise DecisionTargetsError(f"{where}: option ids must be strings, got {options!r}")
-    if len(set(options)) != len(options):
-        raise DecisionTargetsError(f"{where}: duplicate option ids in {options!r}")
-    return options
-
-
-def _checked_type(question_type: int | str, num_options: int, where: str) -> int:
-    qtype = QUESTION_TYPE_IDS.get(question_type) if isinstance(question_type, str) else question_type
-    if isinstance(qtype, bool) or qtype not in QUESTION_TYPE_IDS.values():
-        raise DecisionTargetsError(
-            f"{where}: question_type must be one of {sorted(QUESTION_TYPE_IDS.values())} "
-            f"or {sorted(QUESTION_TYPE_IDS)}, got {question_type!r}"
-        )
-    if qtype == SCORE_TYPE and num_options < 2:
-        raise DecisionTargetsError(f"{where}: a score question needs at least 2 levels, got {num_options}")
-    return int(qtype)
-
-
-def _checked_label(label: int, num_options: int, where: str) -> int:
-    if isinstance(label, bool) or not isinstance(label, int) or not (label == IGNORE_INDEX or 0 <= label < num_options):
-        raise DecisionTargetsError(
-            f"{where}: label must be an option index in [0, {num_options}) or {IGNORE_INDEX}, got {label!r}"
-        )
-    return label
-
-
-def _checked_rewards(rewards: Sequence[float] | None, num_options: int, where: str) -> list[float] | None:
-    if rewards is None:
-        return None
-    values = [float(value) for value in rewards]
-    if len(values) != num_options:
-        raise DecisionTargetsError(f"{where}: {len(values)} rewards for {num_options} options")
-    if not all(math.isfinite(value) for value in values):
-        raise DecisionTargetsError(f"{where}: rewards must be finite, got {values!r}")
-    return values
-
-
-def _padded_reference(
-    reference: ReferenceLogprobs | None,
-    option_ids: list[tuple[tuple[str, ...], ...]],
-    record_ids: Sequence[str],
-    row_ids: Sequence[tuple[str, str]],
-    option_mask: torch.Tensor,
-) -> torch.Tensor | None:
-    """Reference log-probabilities in the ``[Q, O]`` layout, padded with 0."""
-    if reference is None:
-        return None
-    if isinstance(reference, torch.Tensor):
-        if reference.shape != option_mask.shape:
-            raise DecisionTargetsError(
-                f"reference_logprobs tensor has shape {tuple(reference.shape)}, expected {tuple(option_mask.shape)}"
-            )
-        padded = reference.detach().to(device="cpu", dtype=torch.float32).masked_fill(~option_mask, 0.0)
-        bad_rows = (~torch.isfinite(padded)).any(dim=-1).nonzero()
-        if bad_rows.numel():
-            record_id, question_id = row_ids[int(bad_rows[0, 0])]
-            raise DecisionTargetsError(
-                f"record {record_id!r}, question {question_id!r}: reference log-probabilities must be finite"
-            )
-        return padded
-    if len(reference) != len(option_ids):
-        raise DecisionTargetsError(f"reference_logprobs has {len(reference)} records, expected {len(option_ids)}")
-    flat: list[float] = []
-    rows = iter(row_ids)
-    for record_id, record_options, record_reference in zip(record_ids, option_ids, reference):
-        if len(record_reference) != len(record_options):
-            raise DecisionTargetsError(
-                f"record {record_id!r}: {len(record_reference)} reference rows for {len(record_options)} questions"
-            )
-        for options, row in zip(record_options, record_reference):
-            _, question_id = next(rows)
-            values = [float(value) for value in row]
-            if len(values) != len(options) or not all(math.isfinite(value) for value in values):
-                raise DecisionTargetsError(
-                    f"record {record_id!r}, question {question_id!r}: reference log-probabilities {values!r} "
-                    f"must be {len(options)} finite values, one per option of {options!r}"
-                )
-            flat.extend(values)
-    padded = torch.zeros(option_mask.shape, dtype=torch.float32)
-    padded[option_mask] = torch.tensor(flat, dtype=torch.float32)
-    return padded
-
-
-
-def _validate_layout(targets: DecisionTargets) -> None:
-    """Refuse hand-built targets that break the layout rules in the module docstring."""
+def _validate_tensors(targets: DecisionTargets) -> None:
+    """Refuse tensors that break the layout rules in the module docstring, naming the field."""
     mask = targets.option_mask
-    if mask.dim() != 2 or mask.dtype != torch.bool:
-        raise DecisionTargetsError(f"option_mask must be a 2-D bool tensor, got {mask.dtype} {tuple(mask.shape)}")
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 2 or mask.dtype != torch.bool:
+        got = f"{mask.dtype} {tuple(mask.shape)}" if isinstance(mask, torch.Tensor) else type(mask).__name__
+        raise DecisionTargetsError(f"option_mask must be a 2-D bool tensor [questions, max_options], got {got}")
     num_questions, width = mask.shape
-    if len(targets.question_ids) != len(targets.record_ids) or len(targets.option_ids) != len(targets.record_ids):
-        raise DecisionTargetsError("record_ids, question_ids and option_ids must have one entry per record")
-    if sum(len(ids) for ids in targets.question_ids) != num_questions:
-        raise DecisionTargetsError(f"question_ids name {sum(map(len, targets.question_ids))} rows, mask has {num_questions}")
-    for name in ("labels", "question_types", "reward_mask", "question_weights", "record_index"):
-        if getattr(targets, name).shape != (num_questions,):
-            raise DecisionTargetsError(f"{name} must have shape ({num_questions},), got {tuple(getattr(targets, name).shape)}")
-    if targets.weights is not None and targets.weights.shape != (num_questions,):
-        raise DecisionTargetsError(f"weights must have shape ({num_questions},), got {tuple(targets.weights.shape)}")
-    if targets.record_weights.shape != (len(targets.record_ids),):
-        raise DecisionTargetsError(f"record_weights must have one entry per record, got {tuple(targets.record_weights.shape)}")
-    for name in ("rewards", "reference_logprobs"):
+    if num_questions == 0 or width == 0:
+        raise DecisionTargetsError(f"option_mask must have at least one question and one option, got {tuple(mask.shape)}")
+    specs = (
+        ("labels", (num_questions,), "integer", True),
+        ("question_types", (num_questions,), "integer", True),
+        ("rewards", (num_questions, width), "float", False),
+        ("reward_mask", (num_questions,), "bool", False),
+        ("ref_logprobs", (num_questions, width), "float", False),
+        ("weights", (num_questions,), "float", False),
+    )
+    for name, shape, kind, required in specs:
         value = getattr(targets, name)
-        if value is not None and value.shape != mask.shape:
-            raise DecisionTargetsError(f"{name} must have shape {tuple(mask.shape)}, got {tuple(value.shape)}")
+        if value is None and not required:
+            continue
+        if not isinstance(value, torch.Tensor):
+            raise DecisionTargetsError(f"{name} must be a {kind} tensor of shape {shape}, got {type(value).__name__}")
+        if tuple(value.shape) != shape or not _KINDS[kind](value.dtype):
+            raise DecisionTargetsError(f"{name} must be a {kind} tensor of shape {shape}, got {value.dtype} {tuple(value.shape)}")
+        if value.device != mask.device:
+            raise DecisionTargetsError(f"{name} is on {value.device} but option_mask is on {mask.device}")
+    if targets.reward_mask is not None and targets.rewards is None:
+        raise DecisionTargetsError("reward_mask marks rows with explicit rewards, but rewards is None")
     counts = mask.sum(dim=-1)
-    if num_questions == 0 or bool((counts == 0).any()):
-        raise DecisionTargetsError("every question row needs at least one real option")
+    if bool((counts == 0).any()):
+        raise DecisionTargetsError(f"question row {int((counts == 0).nonzero()[0, 0])} has no real option")
     prefix = torch.arange(width, device=mask.device).unsqueeze(0) < counts.unsqueeze(1)
     if not torch.equal(prefix, mask):
         raise DecisionTargetsError("option_mask must mark each row's real options as its first n_q columns")
     labels = targets.labels
     if bool(((labels != IGNORE_INDEX) & ((labels < 0) | (labels >= counts))).any()):
-        raise DecisionTargetsError("labels must index a real option or be IGNORE_INDEX")
+        raise DecisionTargetsError(f"labels must index a real option of their row or be {IGNORE_INDEX}")
+    known_types = torch.tensor(sorted(QUESTION_TYPE_IDS.values()), device=mask.device)
+    if not bool(torch.isin(targets.question_types, known_types).all()):
+        raise DecisionTargetsError(f"question_types must be in {sorted(QUESTION_TYPE_IDS.values())} (0=noul, 1=choice, 2=score)")
+    _require_finite(targets.rewards, mask & targets.explicit_rewards.unsqueeze(1), "rewards")
+    _require_finite(targets.ref_logprobs, mask, "ref_logprobs")
+    if targets.weights is not None:
+        weights = targets.weights
+        if not bool((torch.isfinite(weights) & (weights >= 0)).all()):
+            raise DecisionTargetsError("weights must be finite and >= 0")
+
+
+def _require_finite(values: torch.Tensor | None, where: torch.Tensor, name: str) -> None:
+    if values is not None and not bool(torch.isfinite(values[where]).all()):
+        raise DecisionTargetsError(f"{name} must be finite on every real option (padding is never read)")
+
+
+def _identities(
+    targets: DecisionTargets,
+) -> tuple[tuple[tuple[str, ...], ...], tuple[tuple[tuple[str, ...], ...], ...]]:
+    """Per-record question and option ids, after checking ``questions`` agrees with the tensors."""
+    if not targets.questions:
+        return (), ()
+    if len(targets.questions) != len(targets.record_ids):
+        raise DecisionTargetsError(
+            f"questions has {len(targets.questions)} records but record_ids has {len(targets.record_ids)}"
+        )
+    rows = [(record_id, question) for record_id, record in zip(targets.record_ids, targets.questions) for question in record]
+    if len(rows) != targets.num_questions:
+        raise DecisionTargetsError(f"questions name {len(rows)} rows, the tensors have {targets.num_questions}")
+    counts = targets.num_options.tolist()
+    labels, types = targets.labels.tolist(), targets.question_types.tolist()
+    for row, (record_id, question) in enumerate(rows):
+        where = f"record {record_id!r}, question {question.question_id!r} (row {row})"
+        if len(question.option_ids) != counts[row]:
+            raise DecisionTargetsError(f"{where}: {len(question.option_ids)} option ids, option_mask has {counts[row]}")
+        if question.label != labels[row] or type_id(question.question_type) != types[row]:
+            raise DecisionTargetsError(f"{where}: label/question_type differ from the labels/question_types tensors")
+    question_ids = tuple(tuple(question.question_id for question in record) for record in targets.questions)
+    option_ids = tuple(tuple(tuple(question.option_ids) for question in record) for record in targets.questions)
+    return question_ids, option_ids

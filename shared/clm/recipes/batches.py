@@ -135,7 +135,11 @@ def build_targets(
     reference = None
     if reference_logprobs is not None:
         reference = [
-            [reference_logprobs[(record.record_id, q.target.question_id)] for q in record.questions]
+            [
+                QuestionLogits(record.record_id, q.target.question_id, q.target.option_ids,
+                               torch.tensor(reference_logprobs[(record.record_id, q.target.question_id)]))
+                for q in record.questions
+            ]
             for record in records
         ]
     return DecisionTargets.from_questions(
