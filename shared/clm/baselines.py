@@ -1,0 +1,189 @@
+"""Baselines a person would try before CLM heads, fitted from the run's own embedding table.
+
+Reports compare the heads with them, so a user sees whether the heads are
+worth it. Every baseline reads state vectors from the ``EmbeddingTable`` the
+heads were scored on: **no text is encoded** for a baseline. Each is fitted
+on the ``train`` split and scores validation/test questions as a probability
+vector over the question's options (a ``ScoredQuestion``, like the heads),
+so the same metrics, intervals and breakdowns apply.
+
+A baseline is per **question**: keyed by question id *and* option texts (the
+same id with other options is another question). A question never seen in
+training gets the uniform distribution: these baselines cannot answer it,
+which is the point of a CLM that can.
+
+* ``majority``: the label frequencies of the question in train (one pseudo-count
+  per option, so no option has probability 0); its top option is the majority answer.
+* ``logistic_regression``: multinomial logistic regression on the state vector,
+  one model per question (scikit-learn). A question with fewer than
+  ``MIN_LABELS`` labelled training answers, or a single answer class, falls
+  back to ``majority`` and is listed in the notes. Its probabilities get the
+  same pseudo-counts (one per option over the training labels), so an option
+  absent from training is unlikely, not impossible.
+* ``best_fixed_option``: for RL, the option with the highest mean reward in
+  train, always chosen (probability 1). Only the reward metrics and accuracy
+  are meaningful for a one-hot policy, so the others are left out.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from clm.decision.constants import IGNORE_INDEX
+from clm.embedding_table import EmbeddingTable
+from clm.recipes.batches import EncodedQuestion, EncodedRecord
+from clm.recipes.evaluation import ScoredQuestion
+
+MIN_LABELS = 10
+LOGISTIC_C = 1.0
+LOGISTIC_MAX_ITER = 2000
+BASELINE_NAMES = ("majority", "logistic_regression", "best_fixed_option")
+# Metrics that mean something for each baseline (a one-hot policy has no useful NLL, Brier, ECE or RPS).
+BASELINE_METRICS = {
+    "majority": ("accuracy", "nll", "brier", "ece", "rps", "expected_reward"),
+    "logistic_regression": ("accuracy", "nll", "brier", "ece", "rps", "expected_reward"),
+    "best_fixed_option": ("accuracy", "expected_reward"),
+}
+DESCRIPTIONS = {
+    "majority": "label frequencies per question in train (+1 per option); unseen question: uniform",
+    "logistic_regression": f"per-question logistic regression on the state vector (C={LOGISTIC_C}), fitted on "
+                           f"train; fewer than {MIN_LABELS} labels or one class: majority; unseen question: uniform",
+    "best_fixed_option": "the option with the highest mean train reward per question, always; unseen: uniform",
+}
+
+QuestionKey = tuple[str, tuple[str, ...]]
+
+
+def question_key(question: EncodedQuestion) -> QuestionKey:
+    return question.target.question_id, question.option_texts
+
+
+@dataclass
+class _TrainQuestion:
+    """What train says about one question: its labelled state rows and labels, and its rewards."""
+
+    option_count: int
+    state_rows: list[int] = field(default_factory=list)
+    labels: list[int] = field(default_factory=list)
+    rewards: list[tuple[float, ...]] = field(default_factory=list)
+
+
+@dataclass
+class FittedBaselines:
+    """Per-question models fitted on train, and what the report should say about them."""
+
+    majority: dict[QuestionKey, np.ndarray]
+    logistic: dict[QuestionKey, tuple[object, np.ndarray, int]]  # model, its classes, train label count
+    best_option: dict[QuestionKey, int]
+    notes: dict[str, list[str]]
+
+    def predict(self, name: str, key: QuestionKey, option_count: int, n: int,
+                states: np.ndarray | None = None) -> np.ndarray:
+        """``[n, option_count]`` probabilities for ``n`` questions ``key`` (``states``: their vectors, for LR)."""
+        uniform = np.full(option_count, 1.0 / option_count)
+        if name == "best_fixed_option":
+            row = np.eye(option_count)[self.best_option[key]] if key in self.best_option else uniform
+        elif name == "majority" or key not in self.logistic:
+            row = self.majority.get(key, uniform)
+        else:
+            model, classes, labels = self.logistic[key]
+            assert states is not None
+            fitted = np.zeros((n, option_count))
+            fitted[:, classes] = model.predict_proba(states)  # type: ignore[attr-defined]
+            return (labels * fitted + 1.0) / (labels + option_count)
+        return np.tile(row, (n, 1))
+
+
+def _collect_train(train: Sequence[EncodedRecord]) -> dict[QuestionKey, _TrainQuestion]:
+    questions: dict[QuestionKey, _TrainQuestion] = {}
+    for record in train:
+        for question in record.questions:
+            entry = questions.setdefault(question_key(question), _TrainQuestion(len(question.option_rows)))
+            if question.target.label != IGNORE_INDEX:
+                entry.state_rows.append(question.state_row)
+                entry.labels.append(question.target.label)
+            if question.target.rewards is not None:
+                entry.rewards.append(tuple(question.target.rewards))
+    return questions
+
+
+def fit_baselines(table: EmbeddingTable, train: Sequence[EncodedRecord]) -> FittedBaselines:
+    """Fit every baseline on ``train``; reads state vectors from ``table`` only (encodes nothing)."""
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.linear_model import LogisticRegression
+
+    majority, logistic, best_option = {}, {}, {}
+    notes: dict[str, list[str]] = defaultdict(list)
+    for key, entry in sorted(_collect_train(train).items()):
+        question_id, k = key[0], entry.option_count
+        counts = np.bincount(np.asarray(entry.labels, dtype=np.int64), minlength=k).astype(np.float64)
+        majority[key] = (counts + 1.0) / (counts.sum() + k)
+        if entry.rewards:
+            best_option[key] = int(np.argmax(np.mean(np.asarray(entry.rewards), axis=0)))
+        classes = np.flatnonzero(counts)
+        if len(entry.labels) < MIN_LABELS or len(classes) < 2:
+            notes["logistic_regression"].append(
+                f"{question_id}: {len(entry.labels)} labelled train answers in {len(classes)} class(es) "
+                f"(needs {MIN_LABELS} and 2): majority used instead")
+            continue
+        states = table.vectors(entry.state_rows).numpy()
+        model = LogisticRegression(C=LOGISTIC_C, max_iter=LOGISTIC_MAX_ITER)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            model.fit(states, np.asarray(entry.labels))
+        logistic[key] = (model, model.classes_.astype(np.int64), len(entry.labels))
+    return FittedBaselines(majority, logistic, best_option, dict(notes))
+
+
+def score_baseline(
+    fitted: FittedBaselines, name: str, table: EmbeddingTable, records: Sequence[EncodedRecord]
+) -> list[ScoredQuestion]:
+    """Predictions of baseline ``name`` for every question of ``records``, in the order the heads score them."""
+    if name not in BASELINE_NAMES:
+        raise ValueError(f"unknown baseline {name!r}; known: {list(BASELINE_NAMES)}")
+    questions = [(record, q) for record in records for q in record.questions]
+    by_key: dict[QuestionKey, list[int]] = defaultdict(list)
+    for index, (_, question) in enumerate(questions):
+        by_key[question_key(question)].append(index)
+    probs: list[np.ndarray] = [np.zeros(0)] * len(questions)
+    for key, indices in by_key.items():  # one batched prediction per question
+        states = None
+        if name == "logistic_regression":
+            states = table.vectors([questions[i][1].state_row for i in indices]).numpy()
+        rows = fitted.predict(name, key, len(key[1]), len(indices), states)
+        for row, index in enumerate(indices):
+            probs[index] = rows[row]
+    scored = []
+    for (record, question), question_probs in zip(questions, probs):
+        with np.errstate(divide="ignore"):
+            logprobs = tuple(float(x) for x in np.log(question_probs))
+        scored.append(ScoredQuestion(
+            record_id=record.record_id, question_id=question.target.question_id,
+            question_type=question.target.question_type, option_ids=question.target.option_ids,
+            logprobs=logprobs, label=question.target.label, rewards=question.target.rewards,
+        ))
+    return scored
+
+
+def score_baselines(
+    table: EmbeddingTable,
+    train: Sequence[EncodedRecord],
+    splits: Mapping[str, Sequence[EncodedRecord]],
+    names: Sequence[str] = BASELINE_NAMES,
+) -> tuple[dict[str, dict[str, list[ScoredQuestion]]], dict]:
+    """``({split: {baseline: scored}}, {"descriptions", "notes", "unseen_questions"})``, fitted on ``train``."""
+    fitted = fit_baselines(table, train)
+    scored = {split: {name: score_baseline(fitted, name, table, records) for name in names}
+              for split, records in splits.items()}
+    unseen = {split: sorted({q.target.question_id for r in records for q in r.questions
+                             if question_key(q) not in fitted.majority})
+              for split, records in splits.items()}
+    info = {"descriptions": {name: DESCRIPTIONS[name] for name in names},
+            "metrics": {name: list(BASELINE_METRICS[name]) for name in names},
+            "notes": fitted.notes, "unseen_questions": unseen}
+    return scored, info

@@ -1,0 +1,155 @@
+"""The report sections that say whether heads are worth it: baselines, paired intervals, seen vs unseen.
+
+``worth_it_sections`` is what a recipe run adds to its report (one call):
+
+* ``baselines``: each baseline's metrics per split (``clm.baselines``), side by
+  side with the heads' ``before``/``after`` metrics;
+* ``generalisation``: per split, metrics of every predictor on the questions
+  whose id / option texts training did or did not contain (``clm.generalisation``);
+* ``comparisons``: per split and scope (overall, each question type, each
+  question id, each generalisation group), paired bootstrap intervals
+  (``clm.bootstrap``) of ``after - before`` and ``heads - <baseline>``;
+* ``bootstrap``: the settings, so a reader can reproduce the intervals.
+
+``compare_predictors`` is the general form (``clm eval --compare`` uses it
+for two checkpoints). The heads of a train run are its ``after`` heads; of an
+eval run, its (only) ``before`` heads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from clm.baselines import BASELINE_METRICS, score_baselines
+from clm.bootstrap import COMPARED_METRICS, BootstrapSettings, paired_bootstrap
+from clm.embedding_table import EmbeddingTable
+from clm.generalisation import GROUP_ORDER, TrainingVocabulary, generalisation_groups, unseen_vocabulary
+from clm.metrics import QUESTION_TYPE_NAMES, PredictionSet, decision_metrics
+from clm.recipes.batches import EncodedRecord
+from clm.recipes.evaluation import ScoredQuestion
+
+OVERALL = "overall"
+MAX_QUESTION_SCOPES = 50  # per-question-id intervals for at most this many (most frequent) ids: bounded report size
+Comparison = tuple[str, str, str]  # (name, reference predictor, candidate predictor): difference = candidate - reference
+
+
+def scopes(scored: Sequence[ScoredQuestion], groups: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """Named question masks: overall, ``type: <name>``, ``question: <id>``, then the given groups."""
+    types = np.array([q.question_type for q in scored], dtype=np.int64)
+    ids = np.array([q.question_id for q in scored], dtype=object)
+    result = {OVERALL: np.ones(len(scored), dtype=bool)}
+    for type_id, name in QUESTION_TYPE_NAMES.items():
+        if (types == type_id).any():
+            result[f"type: {name}"] = types == type_id
+    question_ids, counts = np.unique(ids.astype(str), return_counts=True) if len(ids) else ([], [])
+    frequent = sorted(zip(question_ids, counts), key=lambda item: (-item[1], item[0]))[:MAX_QUESTION_SCOPES]
+    for question_id, _ in sorted(frequent):
+        result[f"question: {question_id}"] = ids == question_id
+    result.update(groups or {})
+    return result
+
+
+def _subset(scored: Sequence[ScoredQuestion], mask: np.ndarray) -> list[ScoredQuestion]:
+    return [q for q, keep in zip(scored, mask) if keep]
+
+
+def _restrict(metrics: dict, allowed: Sequence[str]) -> dict:
+    """Blank the metrics a predictor cannot meaningfully have (e.g. NLL of a one-hot policy)."""
+    return {k: (v if k not in COMPARED_METRICS or k in allowed else None) for k, v in metrics.items()}
+
+
+def _restricted_metrics(scored: Sequence[ScoredQuestion], allowed: Sequence[str]) -> dict:
+    """``decision_metrics`` with the metrics outside ``allowed`` blanked in every group."""
+    metrics = decision_metrics([q.as_prediction() for q in scored])
+    return {"overall": _restrict(metrics["overall"], allowed),
+            **{group: {key: _restrict(m, allowed) for key, m in metrics[group].items()}
+               for group in ("by_type", "by_question")}}
+
+
+def compare_predictors(
+    predictors: Mapping[str, Sequence[ScoredQuestion]],
+    comparisons: Sequence[Comparison],
+    scope_masks: Mapping[str, np.ndarray],
+    settings: BootstrapSettings,
+    metrics_for: Mapping[str, Sequence[str]] | None = None,
+) -> dict[str, dict[str, dict]]:
+    """``{scope: {comparison name: {metric: interval}}}`` on one split (every predictor scored the same questions)."""
+    metrics_for = metrics_for or {}
+    result: dict[str, dict[str, dict]] = {}
+    for scope, mask in scope_masks.items():
+        result[scope] = {}
+        for name, reference, candidate in comparisons:
+            ref, cand = _subset(predictors[reference], mask), _subset(predictors[candidate], mask)
+            allowed = [m for m in COMPARED_METRICS
+                       if m in metrics_for.get(reference, COMPARED_METRICS) and m in metrics_for.get(candidate, COMPARED_METRICS)]
+            result[scope][name] = paired_bootstrap(
+                PredictionSet.from_questions([q.as_prediction() for q in ref]),
+                PredictionSet.from_questions([q.as_prediction() for q in cand]),
+                [q.record_id for q in ref], settings, allowed)
+    return result
+
+
+def group_metrics(
+    predictors: Mapping[str, Sequence[ScoredQuestion]],
+    groups: Mapping[str, np.ndarray],
+    metrics_for: Mapping[str, Sequence[str]] | None = None,
+) -> dict[str, dict]:
+    """``{group: {"count": n, predictor: overall metrics}}``."""
+    metrics_for = metrics_for or {}
+    result = {}
+    for group, mask in groups.items():
+        entry: dict = {"count": int(mask.sum())}
+        for name, scored in predictors.items():
+            overall = decision_metrics([q.as_prediction() for q in _subset(scored, mask)])["overall"]
+            entry[name] = _restrict(overall, metrics_for.get(name, COMPARED_METRICS))
+        result[group] = entry
+    return result
+
+
+def worth_it_sections(
+    table: EmbeddingTable,
+    train: Sequence[EncodedRecord] | None,
+    encoded: Mapping[str, Sequence[EncodedRecord]],
+    before: Mapping[str, Sequence[ScoredQuestion]],
+    after: Mapping[str, Sequence[ScoredQuestion]] | None,
+    settings: BootstrapSettings = BootstrapSettings(),
+) -> dict:
+    """Baselines, generalisation breakdown and paired intervals for the scored splits of a run.
+
+    Without a training split (``data.train: null`` in an eval run) there is
+    nothing to fit a baseline on or to call "seen": only ``after - before``
+    intervals are computed, and ``baselines.info.missing`` says why.
+    """
+    heads_stage = "after" if after is not None else "before"
+    scored_splits = {split: before[split] for split in before}
+    baseline_scored: dict[str, dict[str, list[ScoredQuestion]]] = {}
+    info: dict = {"missing": "no training split: nothing to fit baselines on or to call seen"}
+    if train:
+        baseline_scored, info = score_baselines(table, train, {s: encoded[s] for s in scored_splits})
+    vocabulary = TrainingVocabulary.of(train) if train else None
+    sections: dict = {"bootstrap": {**settings.as_dict(), "heads": heads_stage},
+                      "baselines": {"info": info, "metrics": {}}, "generalisation": {}, "comparisons": {}}
+    for split in scored_splits:
+        predictors: dict[str, Sequence[ScoredQuestion]] = {"before": before[split]}
+        if after is not None:
+            predictors["after"] = after[split]
+        predictors.update(baseline_scored.get(split, {}))
+        comparisons: list[Comparison] = [("after - before", "before", "after")] if after is not None else []
+        comparisons += [(f"heads - {name}", name, heads_stage) for name in baseline_scored.get(split, {})]
+        sections["baselines"]["metrics"][split] = {
+            name: _restricted_metrics(scored, BASELINE_METRICS[name])
+            for name, scored in baseline_scored.get(split, {}).items()
+        }
+        groups = {}
+        if vocabulary is not None:
+            masks = generalisation_groups(vocabulary, encoded[split])
+            groups = {name: masks[name] for name in GROUP_ORDER if name in masks}
+            sections["generalisation"][split] = {
+                "groups": group_metrics(predictors, groups, BASELINE_METRICS),
+                "unseen": unseen_vocabulary(vocabulary, encoded[split]),
+            }
+        sections["comparisons"][split] = compare_predictors(
+            predictors, comparisons, scopes(before[split], groups), settings, BASELINE_METRICS)
+    return sections
