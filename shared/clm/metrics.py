@@ -9,7 +9,9 @@ over those arrays.
 
 Conventions, chosen so reports are comparable across runs:
 
-* accuracy, NLL, Brier and ECE use labelled questions only; RPS uses labelled
+* accuracy, NLL, Brier and ECE use labelled questions only; a tie for the top
+  probability counts as a uniformly random pick among the tied options (a
+  gold option tied with one other scores 1/2); RPS uses labelled
   score questions; expected rewards use questions with a reward table.
 * NLL floors the gold probability at ``NLL_PROB_FLOOR`` so one confident miss
   gives a large but finite number (the report is strict JSON).
@@ -161,7 +163,7 @@ class _PerQuestion:
     """Every per-question quantity, computed once (float64), indexed like the PredictionSet."""
 
     labelled: np.ndarray
-    correct: np.ndarray
+    correct: np.ndarray  # float: 1, 0, or 1/t for a gold option tied with t-1 others at the top
     confidence: np.ndarray
     nll: np.ndarray
     brier: np.ndarray
@@ -178,6 +180,11 @@ def _per_question(p: PredictionSet) -> _PerQuestion:
     labelled = p.labels != IGNORE_INDEX
     gold = np.where(labelled, p.labels, 0)
     top = p.probs.argmax(axis=1)  # padding holds 0, so it never wins over a real option
+    # A tie for the top probability is broken uniformly at random, in expectation: a uniform
+    # predictor scores 1/K, not "is the gold option listed first" (baselines on unseen questions).
+    is_top = p.option_mask & (p.probs >= p.probs.max(axis=1, keepdims=True))
+    tied_for_top = is_top.sum(axis=1)
+    gold_is_top = is_top[rows, gold] & labelled
     one_hot = np.zeros_like(p.probs)
     one_hot[rows, gold] = 1.0
     # RPS: cumulative forecast vs cumulative outcome over thresholds k = 0..K-2.
@@ -188,7 +195,7 @@ def _per_question(p: PredictionSet) -> _PerQuestion:
     rps = np.where(thresholds, cumulative_gap**2, 0.0).sum(axis=1) / np.maximum(n_options - 1, 1)
     return _PerQuestion(
         labelled=labelled,
-        correct=labelled & (top == p.labels),
+        correct=np.where(labelled, gold_is_top / np.maximum(tied_for_top, 1), 0.0),
         confidence=p.probs.max(axis=1),
         nll=-np.log(np.maximum(p.probs[rows, gold], NLL_PROB_FLOOR)),
         brier=np.where(p.option_mask, (p.probs - one_hot) ** 2, 0.0).sum(axis=1),
@@ -224,12 +231,12 @@ def per_question_values(predictions: "PredictionSet | Sequence[QuestionPredictio
     q = _per_question(_as_prediction_set(predictions))
     scored = q.labelled & q.is_score
     return PerQuestionValues(
-        values={"accuracy": q.correct.astype(np.float64), "nll": q.nll, "brier": q.brier, "rps": q.rps,
+        values={"accuracy": q.correct, "nll": q.nll, "brier": q.brier, "rps": q.rps,
                 "expected_reward": q.expected_reward},
         masks={"accuracy": q.labelled, "nll": q.labelled, "brier": q.labelled, "rps": scored,
                "expected_reward": q.rewarded},
         confidence=q.confidence,
-        correct=q.correct.astype(np.float64),
+        correct=q.correct,
         labelled=q.labelled,
     )
 

@@ -157,3 +157,11 @@ def test_reliability_diagram_writes_a_png(tmp_path):
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5_000
     unlabelled = reliability_diagram([QuestionPrediction("q", NOUL, [0.5, 0.5])], tmp_path / "empty.png")
     assert unlabelled.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_tie_for_the_top_probability_scores_its_expected_accuracy():
+    """A uniform predictor is right 1/K of the time, whichever option is listed first."""
+    ties = [QuestionPrediction("q", CHOICE, [1 / 3, 1 / 3, 1 / 3], label=2),
+            QuestionPrediction("q", CHOICE, [0.4, 0.4, 0.2], label=0),
+            QuestionPrediction("q", CHOICE, [0.4, 0.4, 0.2], label=2)]
+    assert decision_metrics(ties)["overall"]["accuracy"] == pytest.approx((1 / 3 + 1 / 2 + 0) / 3)

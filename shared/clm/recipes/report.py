@@ -3,7 +3,11 @@
 The JSON is the machine-readable result (the trainer service serves it as
 ``GET /jobs/{id}/report``); the HTML is for people: a before/after table per
 split (overall, per question type, per question id) and the reliability
-diagram of each split's heads, before and after.
+diagram of each split's heads, before and after. Every table puts the heads
+(before/after) and the baselines side by side, each difference with its
+paired bootstrap interval ("n.s." when it contains 0), overall, on questions
+training did / did not contain, per question type and per question id
+(``clm.comparison`` computes them, ``clm.report_tables`` reads them).
 """
 
 from __future__ import annotations
@@ -17,13 +21,14 @@ from typing import Any
 from clm.durable import atomic_write_bytes
 from clm.metrics import reliability_diagram
 from clm.recipes.evaluation import ScoredQuestion
+from clm.report_tables import NOT_SIGNIFICANT, group_order, interval_text, scope_metrics
 
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"
 
 # Shown in this order; every value in a metrics group that is a number is shown.
 _METRICS = ("count", "labelled", "accuracy", "nll", "brier", "ece", "rps", "rewarded", "expected_reward", "argmax_reward")
-_LOWER_IS_BETTER = {"nll", "brier", "ece", "rps"}
+_COUNTS = {"count", "labelled", "rewarded"}
 
 
 def write_diagrams(
@@ -55,35 +60,56 @@ def _fmt(value: Any) -> str:
     return html.escape(str(value))
 
 
-def _delta_cell(metric: str, before: Any, after: Any) -> str:
-    if not isinstance(before, (int, float)) or not isinstance(after, (int, float)) or metric in ("count", "labelled", "rewarded"):
-        return "<td></td>"
-    delta = after - before
-    better = delta < 0 if metric in _LOWER_IS_BETTER else delta > 0
-    css = "better" if better else ("worse" if delta != 0 else "")
-    return f'<td class="{css}">{delta:+.4f}</td>'
+def _interval_cell(interval: Mapping[str, Any] | None) -> str:
+    text, verdict = interval_text(interval)
+    label = ' title="95% interval contains 0: not significant"' if verdict == "ns" else ""
+    return f'<td class="{verdict}"{label}>{html.escape(text)}</td>'
 
 
-def _metrics_table(title: str, before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -> str:
-    head = "<tr><th>metric</th><th>before</th>" + ("<th>after</th><th>Δ</th>" if after is not None else "") + "</tr>"
+def _scope_table(report: Mapping[str, Any], split: str, scope: str) -> str:
+    """One scope's metrics: every predictor side by side, each difference with its interval next to it."""
+    columns = scope_metrics(report, split, scope)
+    if not columns:
+        return ""
+    intervals = ((report.get("comparisons") or {}).get(split) or {}).get(scope) or {}
+    # Each predictor's column, followed by the comparison whose candidate or reference it is.
+    order: list[tuple[str, str]] = []
+    for name in columns:
+        order.append(("value", name))
+        comparison = "after - before" if name == "after" else f"heads - {name}"
+        if comparison in intervals:
+            order.append(("interval", comparison))
+    head = "<tr><th>metric</th>" + "".join(
+        f"<th>{html.escape(name)}</th>" if kind == "value" else f"<th>{html.escape(name)} (95% CI)</th>"
+        for kind, name in order) + "</tr>"
     rows = []
     for metric in _METRICS:
-        b = (before or {}).get(metric)
-        row = f"<tr><td>{metric}</td><td>{_fmt(b)}</td>"
-        if after is not None:
-            a = after.get(metric)
-            row += f"<td>{_fmt(a)}</td>{_delta_cell(metric, b, a)}"
-        rows.append(row + "</tr>")
-    return f"<h4>{html.escape(title)}</h4><table>{head}{''.join(rows)}</table>"
+        cells = []
+        for kind, name in order:
+            if kind == "value":
+                cells.append(f"<td>{_fmt(columns[name].get(metric))}</td>")
+            elif metric in _COUNTS:
+                cells.append("<td></td>")
+            else:
+                cells.append(_interval_cell(intervals[name].get(metric)))
+        rows.append(f"<tr><td>{metric}</td>{''.join(cells)}</tr>")
+    return f"<h4>{html.escape(scope)}</h4><table>{head}{''.join(rows)}</table>"
 
 
-def _split_section(split: str, before: Mapping[str, Any], after: Mapping[str, Any] | None,
-                   diagrams: Mapping[str, Mapping[str, str]]) -> str:
-    parts = [f"<h2>{html.escape(split)}</h2>", _metrics_table("overall", before["overall"], after and after["overall"])]
-    for group, label in (("by_type", "question type"), ("by_question", "question id")):
+def _split_section(report: Mapping[str, Any], split: str, diagrams: Mapping[str, Mapping[str, str]]) -> str:
+    before, after = report["before"][split], (report.get("after") or {}).get(split)
+    parts = [f"<h2>{html.escape(split)}</h2>", _scope_table(report, split, "overall")]
+    generalisation = (report.get("generalisation") or {}).get(split)
+    if generalisation:
+        unseen = generalisation.get("unseen") or {}
+        parts.append("<h3>Seen vs unseen in training</h3><p>Question ids never in training: "
+                     f"{html.escape(', '.join(unseen.get('question_ids') or []) or 'none')}; "
+                     f"option texts never in training: {len(unseen.get('option_texts') or [])}.</p>")
+        parts.extend(_scope_table(report, split, group) for group in group_order(list(generalisation.get("groups") or {})))
+    parts.append("<h3>By question type and question id</h3>")
+    for group, prefix in (("by_type", "type: "), ("by_question", "question: ")):
         for key in sorted(set(before.get(group, {})) | set((after or {}).get(group, {}))):
-            parts.append(_metrics_table(f"{label}: {key}", before.get(group, {}).get(key),
-                                        None if after is None else after.get(group, {}).get(key, {})))
+            parts.append(_scope_table(report, split, f"{prefix}{key}"))
     images = [
         f'<figure><img src="{html.escape(names[split])}" alt="reliability {stage} {html.escape(split)}">'
         f"<figcaption>{stage}</figcaption></figure>"
@@ -93,9 +119,26 @@ def _split_section(split: str, before: Mapping[str, Any], after: Mapping[str, An
     return "<section>" + "".join(parts) + "</section>"
 
 
+def _baseline_notes(report: Mapping[str, Any]) -> str:
+    info = (report.get("baselines") or {}).get("info") or {}
+    if info.get("missing"):
+        return f"<p>Baselines: none ({html.escape(info['missing'])}).</p>"
+    items = [f"<li><b>{html.escape(name)}</b>: {html.escape(text)}</li>"
+             for name, text in (info.get("descriptions") or {}).items()]
+    items += [f"<li>{html.escape(name)}: {html.escape(line)}</li>"
+              for name, lines in (info.get("notes") or {}).items() for line in lines]
+    settings = report.get("bootstrap") or {}
+    intervals = (f"<p>Intervals: {html.escape(str(settings.get('method')))}, {settings.get('replicates')} resamples "
+                 f"of {html.escape(str(settings.get('resampled')))}, seed {settings.get('seed')}, "
+                 f"{int(round(100 * settings.get('confidence', 0.95)))}%; a difference whose interval contains 0 "
+                 f"is marked {NOT_SIGNIFICANT} (not significant). The heads compared with baselines are the "
+                 f"{html.escape(str(settings.get('heads')))} heads.</p>") if settings else ""
+    return f"<h2>Baselines</h2><ul>{''.join(items)}</ul>{intervals}"
+
+
 def render_html(report: Mapping[str, Any]) -> str:
     """A self-contained page (images are the PNGs beside it)."""
-    before, after = report.get("before", {}), report.get("after")
+    before = report.get("before", {})
     summary = {
         "mode": report.get("mode"), "loss": report.get("loss_mode"), "encoder": report.get("encoder", {}).get("model"),
         "texts embedded": report.get("embedding", {}).get("texts_embedded"),
@@ -103,10 +146,7 @@ def render_html(report: Mapping[str, Any]) -> str:
         "checkpoint": (report.get("checkpoint") or {}).get("path"),
     }
     summary_rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{_fmt(v)}</td></tr>" for k, v in summary.items())
-    sections = "".join(
-        _split_section(split, before[split], None if after is None else after.get(split), report.get("diagrams", {}))
-        for split in before
-    )
+    sections = "".join(_split_section(report, split, report.get("diagrams", {})) for split in before)
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>CLM heads report</title>
 <style>
@@ -114,11 +154,12 @@ body {{ font-family: system-ui, sans-serif; margin: 2em; }}
 table {{ border-collapse: collapse; margin-bottom: 1em; }}
 th, td {{ border: 1px solid #ccc; padding: 0.2em 0.6em; text-align: right; }}
 th:first-child, td:first-child {{ text-align: left; }}
-.better {{ color: #067d17; }} .worse {{ color: #b00020; }}
+.better {{ color: #067d17; }} .worse {{ color: #b00020; }} .ns {{ color: #777; }}
 .diagrams {{ display: flex; gap: 1em; }} figure {{ margin: 0; }}
 </style></head><body>
 <h1>CLM heads report</h1>
 <table>{summary_rows}</table>
+{_baseline_notes(report)}
 {sections}
 </body></html>
 """
