@@ -114,30 +114,16 @@ def _run_here(args: argparse.Namespace, config: Any) -> int:
 
 def _print_summary(result: Any) -> None:
     from rich.console import Console
-    from rich.table import Table
 
-    table = Table(title=f"clm train ({result.mode}): overall metrics")
-    table.add_column("split")
-    table.add_column("metric")
-    table.add_column("before", justify="right")
-    if result.after is not None:
-        table.add_column("after", justify="right")
-    for split, metrics in result.before.items():
-        for name in ("accuracy", "nll", "brier", "ece", "expected_reward"):
-            row = [split, name, _fmt(metrics["overall"].get(name))]
-            if result.after is not None:
-                row.append(_fmt(result.after[split]["overall"].get(name)))
-            table.add_row(*row)
+    from clm.report_tables import print_report_tables
+
     console = Console()
-    console.print(table)
+    # The report's own tables: heads before/after and baselines side by side, intervals, seen vs unseen.
+    print_report_tables(json.loads(result.report_path.read_text()), title=f"clm train ({result.mode}) ", console=console)
     console.print(f"texts embedded: {result.texts_embedded} of {result.texts_total}")
     if result.checkpoint is not None:
         console.print(f"published {result.checkpoint.name} {result.checkpoint.label}: {result.checkpoint.path}")
     console.print(f"report: {result.report_path} (and report.html beside it)")
-
-
-def _fmt(value: Any) -> str:
-    return "–" if value is None else f"{value:.4f}"
 
 
 def _submit(args: argparse.Namespace, config: dict[str, Any]) -> int:
