@@ -29,6 +29,7 @@ class KindedError(Exception):
 
     kind: ErrorKind = UNAVAILABLE
     param: str | None = None
+    subject: str = "a dependency"  # what is unavailable, for the message ("the encoder")
 
 
 def error_kind(error: BaseException) -> ErrorKind | None:

@@ -197,7 +197,13 @@ def test_saturation_answers_503_with_retry_after(embedder_factory):
 def test_metrics_and_health_endpoints(embedder_factory, redis_url):
     service = embedder_factory(redis_url)
     embed(service.url, ["metric text"])
+    # Refusals before the route's own work (model check, validation) are counted too (issue 12).
+    assert embed(service.url, ["x"], model="another-model").status_code == 404
+    assert embed(service.url, ["x"], dimensions=7).status_code == 400
+    assert httpx.post(f"{service.url}/v1/embeddings", json={"inputs": ["x"]}).status_code == 422
     text = httpx.get(f"{service.url}/metrics").text
+    for status in ("200", "404", "400", "422"):
+        assert f'embedder_requests_total{{status="{status}"}} 1.0' in text, (status, text)
     for name in ("embedder_requests_total", "embedder_backend_seconds_bucket", "embedder_inputs_per_request",
                  "embedder_in_flight_requests", "clm_cache_"):
         assert name in text, name

@@ -108,7 +108,7 @@ def test_vllm_stopped_during_a_job(stack, vllm_server, fault_report):
     fault_report.check("cache entries for the refused text", int(again.headers.get("X-Cache-Misses") != "1"))
 
     assert refused.status_code == 503 and refused.headers.get("Retry-After"), refused.text
-    assert "encoder backend unavailable" in message and "vLLM" in message, message
+    assert "encoder is unavailable" in message and "vLLM" in message, message
     assert health.status_code == 503 and health.json()["backend"] is False
     assert running == "running"
     assert retries and all("embedder unavailable" in e["message"] for e in retries)

@@ -190,5 +190,8 @@ def test_large_bodies_are_413(client):
 def test_health_and_metrics(client):
     assert client.get("/health").json() == {"status": "ok"}
     submit(client)
+    assert client.get("/jobs/job-ffffffffffffffffffffffff").status_code == 404
     metrics = client.get("/metrics").text
     assert "trainer_queue_depth 1.0" in metrics and 'trainer_jobs_submitted_total{replayed="false"}' in metrics
+    # Every answer is counted by status (clm_http's request-metrics middleware), the 4xx included.
+    assert 'trainer_requests_total{status="404"} 1.0' in metrics

@@ -13,6 +13,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from clm.errors import BAD_INPUT, SATURATED, KindedError
+
 logger = logging.getLogger(__name__)
 
 _TYPES = {400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDeniedError", 404: "NotFoundError",
@@ -61,8 +63,23 @@ def describe_validation_error(exc: RequestValidationError) -> tuple[str, str | N
     return "; ".join(parts) or "invalid request", first_param
 
 
-def install_error_handlers(app: FastAPI, validation_status: int = 422) -> None:
-    """``validation_status``: 422 (FastAPI convention) or 400 (what vLLM answers)."""
+def kinded_error_response(error: KindedError, retry_after_s: int = 1) -> JSONResponse:
+    """The one mapping of a core error's ``kind`` to HTTP: bad input -> 400 naming ``param``; a dependency
+    that failed (encoder, Redis, disk) or too much work in flight -> 503 with ``Retry-After``."""
+    if error.kind == BAD_INPUT:
+        return error_response(400, str(error), param=error.param)
+    message = str(error) if error.kind == SATURATED else f"{error.subject} is unavailable: {error}"
+    return error_response(503, f"{message}; retry later", headers={"Retry-After": str(retry_after_s)})
+
+
+def install_error_handlers(app: FastAPI, validation_status: int = 422, retry_after_s: int = 1) -> None:
+    """``validation_status``: 422 (FastAPI convention) or 400 (what vLLM answers).
+    ``retry_after_s``: the ``Retry-After`` of every 503 a core error maps to."""
+
+    @app.exception_handler(KindedError)
+    async def _kinded(request: Request, exc: KindedError) -> JSONResponse:
+        request.state.error_kind = exc.kind  # for the request-metrics middleware (clm_http.metrics)
+        return kinded_error_response(exc, retry_after_s)
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:

@@ -11,9 +11,13 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
+from clm.errors import SATURATED, KindedError
 
-class Saturated(Exception):
-    """More requests are in flight than the service accepts."""
+
+class Saturated(KindedError):
+    """More requests are in flight than the service accepts (HTTP 503 with Retry-After, via clm_http)."""
+
+    kind = SATURATED
 
 
 class AdmissionGate:
@@ -25,7 +29,7 @@ class AdmissionGate:
     def admit(self) -> Iterator[None]:
         # The event loop is single-threaded: check-and-increment needs no lock.
         if self.in_flight >= self.max_in_flight:
-            raise Saturated(f"{self.in_flight} requests in flight (limit {self.max_in_flight})")
+            raise Saturated(f"embedder saturated: {self.in_flight} requests in flight (limit {self.max_in_flight})")
         self.in_flight += 1
         try:
             yield

@@ -8,7 +8,9 @@ from fastapi import FastAPI
 
 from clm_http.errors import install_error_handlers
 from clm_http.limits import BodySizeLimitMiddleware
+from clm_http.metrics import RequestMetricsMiddleware
 
+from .metrics import EmbedderMetrics
 from .routes import router
 from .settings import EmbedderSettings
 from .state import EmbedderState
@@ -16,10 +18,11 @@ from .state import EmbedderState
 
 def create_app(settings: EmbedderSettings | None = None) -> FastAPI:
     settings = settings or EmbedderSettings()
+    metrics = EmbedderMetrics.create()  # created with the app: the middleware counts from the first request
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        app.state.embedder = EmbedderState.build(settings)
+        app.state.embedder = EmbedderState.build(settings, metrics)
         try:
             yield
         finally:
@@ -27,9 +30,12 @@ def create_app(settings: EmbedderSettings | None = None) -> FastAPI:
 
     app = FastAPI(title="clm-embedder", version="0.1.0", lifespan=lifespan,
                   description="OpenAI/vLLM-compatible /v1/embeddings over a Redis + disk cache.")
-    install_error_handlers(app, validation_status=422)
+    install_error_handlers(app, validation_status=422, retry_after_s=settings.retry_after_s)
     app.include_router(router)
     # Upper bound of a legal body: every input at its character limit, 4 bytes per character in JSON escapes.
     max_body = settings.max_inputs_per_request * (settings.max_chars_per_input * 4 + 16) + 4096
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=min(max_body, settings.max_body_bytes))
+    # Outermost, so it counts every answer, the body limit's 413s and the pre-checks' 4xx included.
+    app.add_middleware(RequestMetricsMiddleware, requests=metrics.requests, latency=metrics.request_seconds,
+                       errors=metrics.errors, paths={"/v1/embeddings"})
     return app

@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import base64
-import time
 
 import numpy as np
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from clm.encoders.base import EncoderError, EncoderInputError
 from clm_http.errors import APIError
 
-from .admission import Saturated
 from .protocol import EmbeddingData, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage
 from .state import EmbedderState
 
@@ -59,41 +56,25 @@ def _encode_rows(vectors: np.ndarray, encoding_format: str, dtype: str) -> list[
 
 @router.post("/v1/embeddings", response_model=EmbeddingResponse)
 async def create_embeddings(body: EmbeddingRequest, request: Request) -> JSONResponse:
+    """Counted and timed by clm_http's request-metrics middleware; a refused input (400, naming the
+    caller's own index), a saturated embedder or an unavailable encoder (503 with Retry-After) are
+    answered by clm_http's one mapping of the core errors' ``kind``."""
     state = _state(request)
     metrics = state.metrics
-    started = time.perf_counter()
     texts = _check_request(body, state)
     metrics.inputs_per_request.observe(len(texts))
-    retry_after = {"Retry-After": str(state.settings.retry_after_s)}
-    try:
-        with state.gate.admit():
-            metrics.in_flight.inc()
-            try:
-                result = await state.cache.get_or_encode(texts, state.encoder)
-            finally:
-                metrics.in_flight.dec()
-    except Saturated as exc:
-        metrics.errors.labels("saturated").inc()
-        metrics.requests.labels("503").inc()
-        raise APIError(503, f"embedder saturated: {exc}; retry later", headers=retry_after) from None
-    except EncoderInputError as exc:
-        # The backend refused one input (e.g. longer than the served model accepts): the client's fault.
-        metrics.errors.labels("input").inc()
-        metrics.requests.labels("400").inc()
-        raise APIError(400, f"input {exc.index} was refused by the encoder: {exc.detail}",
-                       param=f"input.{exc.index}") from None
-    except EncoderError as exc:
-        metrics.errors.labels("backend").inc()
-        metrics.requests.labels("503").inc()
-        raise APIError(503, f"encoder backend unavailable: {exc}", headers=retry_after) from None
+    with state.gate.admit():
+        metrics.in_flight.inc()
+        try:
+            result = await state.cache.get_or_encode(texts, state.encoder)
+        finally:
+            metrics.in_flight.dec()
     rows = _encode_rows(result.vectors, body.encoding_format, body.embed_dtype)
     response = EmbeddingResponse(
         model=body.model or state.settings.served_model_name,
         data=[EmbeddingData(index=i, embedding=row) for i, row in enumerate(rows)],
         usage=EmbeddingUsage(prompt_tokens=result.prompt_tokens, total_tokens=result.prompt_tokens),
     )
-    metrics.requests.labels("200").inc()
-    metrics.request_seconds.observe(time.perf_counter() - started)
     headers = {
         "X-Cache-Redis-Hits": str(result.redis_hits),
         "X-Cache-Disk-Hits": str(result.disk_hits),

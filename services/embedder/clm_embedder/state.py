@@ -24,8 +24,8 @@ class EmbedderState:
     metrics: EmbedderMetrics
 
     @classmethod
-    def build(cls, settings: EmbedderSettings) -> "EmbedderState":
-        metrics = EmbedderMetrics.create()
+    def build(cls, settings: EmbedderSettings, metrics: EmbedderMetrics | None = None) -> "EmbedderState":
+        metrics = metrics or EmbedderMetrics.create()
         backend = InstrumentedBackend(build_encoder(settings), metrics)
         # A local model computes one batch at a time; vLLM takes several requests at once.
         concurrency = settings.vllm_max_concurrency if settings.backend == "vllm" else 1

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -10,40 +9,14 @@ from fastapi import FastAPI
 from clm.encoders.base import EncoderBackend
 from clm_http.errors import install_error_handlers
 from clm_http.limits import BodySizeLimitMiddleware
+from clm_http.metrics import RequestMetricsMiddleware
 
-from clm_serve.metrics import ServeMetrics
 from clm_serve.routes import router
 from clm_serve.runtime import ServeRuntime
 from clm_serve.serving import ServingStructuredDecisions
 from clm_serve.settings import ServeSettings
 
 DECISION_PATH = "/v1/systemone"
-
-
-class DecisionMetricsMiddleware:
-    """Counts and times ``POST /v1/systemone`` by final status, errors included (pure ASGI: no body copies)."""
-
-    def __init__(self, app, metrics: ServeMetrics) -> None:
-        self.app = app
-        self.metrics = metrics
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["path"] != DECISION_PATH:
-            return await self.app(scope, receive, send)
-        started = time.perf_counter()
-        status = 500
-
-        async def tracking_send(message):
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, tracking_send)
-        finally:
-            self.metrics.latency.observe(time.perf_counter() - started)
-            self.metrics.requests.labels(str(status)).inc()
 
 
 def build_app(settings: ServeSettings | None = None, *, encoder: EncoderBackend | None = None) -> FastAPI:
@@ -70,6 +43,8 @@ def build_app(settings: ServeSettings | None = None, *, encoder: EncoderBackend 
     app.state.serving = ServingStructuredDecisions(runtime)
     install_error_handlers(app, validation_status=400)  # vLLM answers invalid requests with 400
     app.include_router(router)
-    app.add_middleware(DecisionMetricsMiddleware, metrics=runtime.metrics)
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    # Outermost: counts and times POST /v1/systemone by final status, the body limit's 413s included.
+    app.add_middleware(RequestMetricsMiddleware, requests=runtime.metrics.requests,
+                       latency=runtime.metrics.latency, paths={DECISION_PATH})
     return app

@@ -130,10 +130,11 @@ class ServingStructuredDecisions:
         try:
             decision = await runtime.engine.decide(heads, questions, texts)
         except EncoderInputError as error:
+            # The refused text is a state text this service rendered: name the client's field, not an index.
             raise APIError(400, f"the encoder refused a state text: {error.detail}", param="state") from None
-        except EncoderError as error:
+        except EncoderError as error:  # answered 503 by clm_http's one mapping; logged with the request id
             logger.warning("request %s: encoder unavailable: %s", request_id, error)
-            raise APIError(503, f"the encoder is unavailable: {error}", headers={"Retry-After": "1"}) from None
+            raise
 
         answers: dict[str, dict[str, Any]] = {}
         diagnostics: dict[str, QuestionDiagnostics] = {}

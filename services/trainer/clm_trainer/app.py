@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 
 from clm_http.errors import APIError, error_response, install_error_handlers
 from clm_http.limits import BodySizeLimitMiddleware
+from clm_http.metrics import RequestMetricsMiddleware
 
 from .metrics import TrainerMetrics
 from .routes import router
@@ -57,4 +58,7 @@ def create_app(settings: TrainerSettings | None = None) -> FastAPI:
 
     app.include_router(router)
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    # Outermost: every answer by final status, the body limit's 413s included (not /metrics scrapes).
+    app.add_middleware(RequestMetricsMiddleware, requests=app.state.metrics.requests,
+                       latency=app.state.metrics.request_seconds, paths=None, skip_paths={"/metrics", "/health"})
     return app

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 
 @dataclass
@@ -19,6 +19,8 @@ class TrainerMetrics:
     cancels: Counter
     queued: Gauge
     running: Gauge
+    requests: Counter
+    request_seconds: Histogram
 
     @classmethod
     def create(cls, registry: CollectorRegistry | None = None) -> "TrainerMetrics":
@@ -34,4 +36,8 @@ class TrainerMetrics:
             queued=Gauge("trainer_queue_depth", "Jobs waiting in the queue (at scrape time).", registry=registry),
             running=Gauge("trainer_running_jobs", "Jobs holding a worker lease (at scrape time).",
                           registry=registry),
+            requests=Counter("trainer_requests", "Jobs API requests by HTTP status (clm_http middleware).",
+                             ["status"], registry=registry),
+            request_seconds=Histogram("trainer_request_seconds", "Latency of a jobs API request.",
+                                      registry=registry),
         )

@@ -58,6 +58,7 @@ class EncoderError(KindedError, RuntimeError):
     """The backend could not encode (down, timed out, refused). Nothing from the call may be cached."""
 
     kind = UNAVAILABLE
+    subject = "the encoder"
 
 
 class EncoderInputError(EncoderError):
