@@ -12,7 +12,7 @@ import argparse
 import importlib
 import sys
 
-SUBCOMMAND_MODULES = ("clm.cli.records", "clm.cli.train")
+SUBCOMMAND_MODULES = ("clm.cli.records", "clm.cli.train", "clm.cli.eval")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,170 @@
+"""``clm eval --compare A B``: two heads on the same data, their paired differences with intervals.
+
+    clm eval --config examples/decision/clm_soc_triage.yaml --compare soc-triage/v0002 soc-triage
+    clm eval --config x.yaml --compare var/checkpoints/a/v0001 var/checkpoints/b --json compare.json
+
+``A`` and ``B`` are checkpoints (``heads.pt`` or a version folder), published
+name folders (their ``latest``), or published names under the config's
+``output.checkpoint_root`` (``soc-triage`` or ``soc-triage/v0002``). The run
+is the recipe's own eval mode (``mode: eval`` with ``heads.init_checkpoint: A``):
+the same records, the same embedding table (cached texts are not encoded
+again), the same scoring. Then both heads score validation and test, and
+``clm.comparison`` gives ``B - A`` per metric with a paired bootstrap interval
+over records, overall, per question type and on questions training did / did
+not contain. Any ``--section.key value`` argument overrides the YAML.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+EXIT_CONFIG = 2
+EXIT_FAILED = 1
+COMPARISON = "B - A"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "eval",
+        help="compare two heads on the same data (paired bootstrap intervals)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
+    parser.add_argument("--config", required=True, help="recipe YAML: data, encoder, cache (see examples/decision/)")
+    parser.add_argument("--compare", nargs=2, required=True, metavar=("A", "B"),
+                        help="two checkpoints or published names; differences are B - A")
+    parser.add_argument("--replicates", type=int, default=None, help="bootstrap resamples (default 1000)")
+    parser.add_argument("--seed", type=int, default=None, help="bootstrap seed (default 0)")
+    parser.add_argument("--json", metavar="PATH", help="also write the comparison as JSON")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.set_defaults(func=run, accepts_overrides=True)
+
+
+def resolve_heads(reference: str, checkpoint_root: Path) -> Path:
+    """A path as given if it exists, else a published name (or name/version) under ``checkpoint_root``."""
+    path = Path(reference)
+    if path.exists():
+        return path
+    published = checkpoint_root / reference
+    if published.exists():
+        return published
+    raise FileNotFoundError(f"{reference!r} is neither a checkpoint path nor a name published under {checkpoint_root}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from clm.bootstrap import BootstrapInputError, BootstrapSettings
+    from clm.recipes.config import ConfigError, load_config
+
+    overrides = list(getattr(args, "overrides", []) or [])
+    try:
+        settings = BootstrapSettings(**{k: v for k, v in (("replicates", args.replicates), ("seed", args.seed))
+                                        if v is not None})
+        config = load_config(args.config, overrides)
+        root = Path(config.output.checkpoint_root)
+        heads = [resolve_heads(reference, root) for reference in args.compare]
+        config = load_config(args.config, [*overrides, "--mode", "eval", "--heads.init_checkpoint", str(heads[0])])
+    except (ConfigError, BootstrapInputError, FileNotFoundError) as error:
+        print(f"clm eval: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    return _compare_here(args, config, heads, settings)
+
+
+def _compare_here(args: argparse.Namespace, config: Any, heads: list[Path], settings: Any) -> int:
+    from clm.recipes.evaluation import score_records
+    from clm.recipes.progress import TqdmProgress
+    from clm.recipes.train_clm_heads import (
+        EVAL_SPLITS,
+        INPUT_ERRORS,
+        RUN_ERRORS,
+        TrainCLMHeadsRecipe,
+        _load_init_checkpoint,
+    )
+
+    progress = None if args.no_progress else TqdmProgress()
+    recipe = TrainCLMHeadsRecipe(config, progress=progress)
+    try:
+        recipe.setup()  # loads the splits and A, embeds every text once (from the cache when it can)
+        other = _load_init_checkpoint(heads[1])
+        recipe._check_checkpoint_contract(other)
+        assert recipe.init_checkpoint is not None and recipe.table is not None
+        scored = {
+            label: {split: score_records(checkpoint.to_heads(recipe.device), recipe.table, recipe.encoded[split],
+                                         recipe.device, config.train.eval_batch_size)
+                    for split in EVAL_SPLITS if split in recipe.encoded}
+            for label, checkpoint in (("A", recipe.init_checkpoint), ("B", other))
+        }
+    except INPUT_ERRORS as error:
+        print(f"clm eval: {type(error).__name__}: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    except RUN_ERRORS as error:
+        print(f"clm eval: {type(error).__name__}: {error}", file=sys.stderr)
+        return EXIT_FAILED
+    finally:
+        if progress is not None:
+            progress.close()
+    result = comparison_result(recipe, heads, scored, settings)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2, sort_keys=True, allow_nan=False) + "\n")
+    print_comparison(result)
+    return 0
+
+
+def comparison_result(recipe: Any, heads: list[Path], scored: dict, settings: Any) -> dict:
+    """``{"a", "b", "bootstrap", "texts_embedded", "splits": {split: {"metrics", "groups", "comparisons"}}}``."""
+    from clm.comparison import compare_predictors, group_metrics, scopes
+    from clm.generalisation import GROUP_ORDER, TrainingVocabulary, generalisation_groups
+    from clm.recipes.evaluation import summarize
+
+    train = recipe.encoded.get("train")
+    vocabulary = TrainingVocabulary.of(train) if train else None
+    splits = {}
+    for split in scored["A"]:
+        predictors = {"A": scored["A"][split], "B": scored["B"][split]}
+        groups = {}
+        if vocabulary is not None:
+            masks = generalisation_groups(vocabulary, recipe.encoded[split])
+            groups = {name: masks[name] for name in GROUP_ORDER if name in masks}
+        splits[split] = {
+            "metrics": {label: summarize(questions)["overall"] for label, questions in predictors.items()},
+            "groups": group_metrics(predictors, groups),
+            "comparisons": compare_predictors(predictors, [(COMPARISON, "A", "B")],
+                                              scopes(predictors["A"], groups), settings),
+        }
+    return {"a": str(heads[0]), "b": str(heads[1]), "bootstrap": settings.as_dict(),
+            "texts_embedded": recipe.texts_embedded, "texts_total": recipe.texts_total, "splits": splits}
+
+
+def print_comparison(result: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from clm.report_tables import TABLE_METRICS, interval_text, number
+
+    console = Console()
+    styles = {"better": "green", "worse": "red", "ns": "dim", "": ""}
+    console.print(f"A = {result['a']}\nB = {result['b']}")
+    for split, entry in result["splits"].items():
+        table = Table(title=f"{split}: B - A, 95% paired bootstrap interval over records (n.s. = not significant)")
+        table.add_column("questions")
+        table.add_column("n", justify="right")
+        for metric in TABLE_METRICS:
+            table.add_column(metric, justify="right")
+        for scope, comparisons in entry["comparisons"].items():
+            if scope.startswith("question: "):
+                continue  # per-question-id intervals are in --json
+            intervals = comparisons[COMPARISON]
+            count = (entry["groups"].get(scope) or {}).get("count")
+            if scope == "overall":
+                count = entry["metrics"]["A"]["count"]
+                table.add_row("A", "", *(number(entry["metrics"]["A"].get(m)) for m in TABLE_METRICS))
+                table.add_row("B", "", *(number(entry["metrics"]["B"].get(m)) for m in TABLE_METRICS))
+            cells = [interval_text(intervals.get(metric), 3) for metric in TABLE_METRICS]
+            table.add_row(scope, "" if count is None else str(count),
+                          *(f"[{styles[v]}]{t}[/]" if styles[v] else t for t, v in cells))
+        console.print(table)
+    console.print(f"texts embedded: {result['texts_embedded']} of {result['texts_total']}")
