@@ -88,3 +88,14 @@ def rank_device(configured: str, info: RankInfo) -> str:
     if configured == "cuda" and info.distributed:
         return f"cuda:{info.local_rank}"
     return configured
+
+
+def wait_for_peers(timeout: timedelta = timedelta(seconds=60)) -> None:
+    """A barrier that gives up after ``timeout`` (a peer that died never arrives): used on the way out of
+    a failure every rank shares, so each rank has reported it before torchrun stops the others."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    try:
+        dist.monitored_barrier(timeout=timeout)
+    except RuntimeError:
+        pass  # a peer is gone: its failure is already what torchrun reports

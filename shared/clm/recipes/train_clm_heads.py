@@ -57,7 +57,14 @@ from clm.recipes import embedding, shards
 from clm.recipes.batches import EncodedRecord, collect_clm_texts, collect_option_texts, encode_records
 from clm.recipes.batches import forward_identified
 from clm.recipes.config import ConfigError, RecipeConfig, load_config
-from clm.recipes.distributed import RankInfo, all_gather, close_distributed, init_distributed, rank_device
+from clm.recipes.distributed import (
+    RankInfo,
+    all_gather,
+    close_distributed,
+    init_distributed,
+    rank_device,
+    wait_for_peers,
+)
 from clm.recipes.encoder_setup import (
     fetch_remote_identity,
     local_pooling,
@@ -206,10 +213,13 @@ class TrainCLMHeadsRecipe:
         if kind == "cache":
             if not info.distributed and isinstance(failure, embedding.EmbeddingCacheError):
                 raise failure
-            raise embedding.EmbeddingCacheError.relayed(message, Path(path)) from failure
-        if failure is not None and rank == info.rank:
-            raise failure
-        raise RankFailedError(f"{message} ({kind})")
+            error: Exception = embedding.EmbeddingCacheError.relayed(message, Path(path))
+        elif failure is not None and rank == info.rank:
+            error = failure
+        else:
+            error = RankFailedError(f"{message} ({kind})")
+        error.all_ranks = True  # type: ignore[attr-defined]  (main() waits for every rank to report it)
+        raise error from failure
 
     def _embed_all(self, texts: list[str]) -> EmbeddingTable:
         """Embed texts with the frozen encoder, sharded over all ranks, and cache the result."""
@@ -604,6 +614,13 @@ def main(config_path: str | None = None) -> None:
     recipe = TrainCLMHeadsRecipe(cfg)
     try:
         recipe.run_train_validation_loop()
+    except Exception as error:
+        if getattr(error, "all_ranks", False) and recipe.rank.distributed:
+            # Every rank raises this same failure: each logs it, and none exits before all have
+            # (torchrun stops the group as soon as one rank exits non-zero).
+            logger.error("%s: %s: %s", recipe.rank, type(error).__name__, error)
+            wait_for_peers()
+        raise
     finally:
         close_distributed()
     if recipe.result is not None:
@@ -629,4 +646,8 @@ def _cli() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_cli())
+    # Run the imported module's entry point, not this ``__main__`` copy: one set of classes, and the
+    # logger keeps its documented name (``clm.recipes.train_clm_heads``).
+    from clm.recipes.train_clm_heads import _cli as cli
+
+    sys.exit(cli())
