@@ -13,7 +13,7 @@ import torch
 from clm.checkpoint import publish_checkpoint
 from clm.encoders.base import EncoderFingerprint
 from clm.heads import CLMHeadPair, HeadConfig
-from clm_serve.app import build_app
+from clm_serve.app import create_app
 from clm_serve.settings import ServeSettings
 
 DATA = Path(__file__).parent / "data"
@@ -55,7 +55,7 @@ def serve_settings(tmp_path: Path, tiny_model_dir: Path, **overrides) -> ServeSe
 @asynccontextmanager
 async def serve_in_process(settings: ServeSettings, encoder, *, wait_ready: bool = True):
     """The real app (lifespan included) behind an in-process ASGI transport."""
-    app = build_app(settings, encoder=encoder)
+    app = create_app(settings, encoder=encoder)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://clm-serve", timeout=30) as client:

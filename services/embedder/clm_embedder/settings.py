@@ -6,14 +6,16 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
+
+from clm_http.settings import ServiceSettings, body_limit_field, port_field
 
 
-class EmbedderSettings(BaseSettings):
+class EmbedderSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="CLM_EMBEDDER_", extra="ignore")
 
-    host: str = Field("127.0.0.1", description="Interface to listen on.")
-    port: int = Field(8001, description="TCP port to listen on.")
+    port: int = port_field(8001)
+    max_body_bytes: int = body_limit_field(64 * 2**20)
     served_model_name: str = Field("clm-encoder", description="Model name reported in responses; requests may name it.")
 
     backend: Literal["local", "vllm"] = Field("local", description="`local`: in-process transformers model; `vllm`: a vLLM pooling server over HTTP.")
@@ -24,13 +26,13 @@ class EmbedderSettings(BaseSettings):
     max_tokens: int = Field(256, ge=8, description="Inputs are truncated to this many tokens; part of the fingerprint.")
     device: str = Field("auto", description="`auto` (cuda when present, else cpu), `cpu`, `cuda`, `cuda:1`, ...")
     local_batch_tokens: int = Field(8192, ge=64, description="Token budget of one local forward batch (texts are sorted by length).")
-    coalesce_window_ms: float = Field(2.0, ge=0, description="Concurrent requests' cache misses arriving within this window (or while the encoder is busy) are encoded as one batch.")
+    coalesce_window_ms: float = Field(2.0, ge=0, description="Concurrent requests' cache misses arriving within this window (or while the encoder is busy) are encoded as one batch (`vllm_batch_size` texts at most with vllm, 64 locally); a refused text fails only its own request.")
     weights_id: str = Field("", description="Weights revision for the fingerprint when the backend cannot hash the files (vllm with a hub name).")
 
     vllm_url: str = Field("http://127.0.0.1:8000", description="Base URL of the vLLM pooling server.")
     vllm_model: str = Field("", description="Model name the vLLM server serves (default: `model`).")
-    vllm_batch_size: int = Field(256, ge=1, description="Inputs per request to vLLM.")
-    vllm_max_concurrency: int = Field(4, ge=1, description="Requests to vLLM in flight at once.")
+    vllm_batch_size: int = Field(256, ge=1, description="Inputs per request to vLLM, which is also the largest coalesced batch.")
+    vllm_max_concurrency: int = Field(4, ge=1, description="Requests to vLLM (coalesced batches) in flight at once; locally one batch at a time.")
     vllm_timeout_s: float = Field(120.0, gt=0, description="Timeout of one vLLM request.")
     vllm_retries: int = Field(4, ge=0, description="Retries (exponential backoff) on connection errors and 5xx.")
 
@@ -46,5 +48,3 @@ class EmbedderSettings(BaseSettings):
     max_chars_per_input: int = Field(32768, ge=1, description="A longer input gets 413.")
     max_in_flight_requests: int = Field(16, ge=1, description="Requests processed at once; more get 503 with Retry-After.")
     retry_after_s: int = Field(1, ge=1, description="Retry-After seconds sent with 429/503.")
-    max_body_bytes: int = Field(64 * 2**20, ge=1024, description="Larger request bodies get 413 before they are read.")
-    log_level: str = Field("info", description="Log level (debug, info, warning, error).")

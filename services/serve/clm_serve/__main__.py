@@ -8,12 +8,11 @@ Every setting is an environment variable (``clm_serve.settings.ServeSettings``).
 
 from __future__ import annotations
 
-import logging
 import sys
 
-import uvicorn
+from clm_http.settings import configure_logging, serve
 
-from clm_serve.app import build_app
+from clm_serve.app import create_app
 from clm_serve.settings import ServeSettings
 
 
@@ -25,11 +24,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  CLM_SERVE_{name.upper():<28} {field.description} (default: {field.default!r})")
         return 0
     settings = ServeSettings()
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app = build_app(settings)
-    # One worker: the heads, caches and batcher live in this process; scale out with replicas.
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
-                timeout_graceful_shutdown=10)
+    configure_logging(settings.log_level)
+    # The heads, caches and batchers live in this process; scale out with replicas.
+    serve(create_app(settings), settings, graceful_shutdown_s=10)
     return 0
 
 

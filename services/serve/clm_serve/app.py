@@ -19,7 +19,7 @@ from clm_serve.settings import ServeSettings
 DECISION_PATH = "/v1/systemone"
 
 
-def build_app(settings: ServeSettings | None = None, *, encoder: EncoderBackend | None = None) -> FastAPI:
+def create_app(settings: ServeSettings | None = None, *, encoder: EncoderBackend | None = None) -> FastAPI:
     """The app. ``encoder``: use this (already open) encoder instead of opening one from the settings
     (benchmarks and in-process tests share one model load); the caller then closes it."""
     settings = settings or ServeSettings()

@@ -30,7 +30,7 @@ class ServeMetrics:
             buckets=_BATCH_BUCKETS, registry=r,
         )
         self.batch_texts = Histogram(
-            "clm_serve_encode_batch_texts", "State texts per micro-batched encoder call.",
+            "clm_serve_encode_batch_texts", "State and option texts per micro-batched encoder call.",
             buckets=_BATCH_BUCKETS, registry=r,
         )
         self.heads_version = Gauge(

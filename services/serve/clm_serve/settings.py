@@ -6,14 +6,16 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import AliasChoices, Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
+
+from clm_http.settings import ServiceSettings, body_limit_field, port_field
 
 
-class ServeSettings(BaseSettings):
+class ServeSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="CLM_SERVE_", extra="ignore", populate_by_name=True)
 
-    host: str = Field("127.0.0.1", description="Interface to listen on.")
-    port: int = Field(8003, description="TCP port to listen on.")
+    port: int = port_field(8003)
+    max_body_bytes: int = body_limit_field(4 * 1024 * 1024)
     served_model_name: str = Field("clm", description="Model name in responses; a request naming another model gets 404.")
     ckpt: Path | None = Field(None, validation_alias=AliasChoices("CLM_CKPT", "CLM_SERVE_CKPT"),
                               description="Serve this one heads.pt (or version folder) without watching.")
@@ -42,10 +44,8 @@ class ServeSettings(BaseSettings):
     action_cache_max_entries: int = Field(200_000, ge=1, description="Projected option vectors kept per heads (LRU).")
     option_store_max_entries: int = Field(200_000, ge=1, description="Option-text encoder vectors kept (LRU).")
     max_batch_questions: int = Field(512, ge=1, description="Micro-batch size of the projection step.")
-    max_batch_texts: int = Field(256, ge=1, description="Micro-batch size of the state-text encoder calls.")
+    max_batch_texts: int = Field(256, ge=1, description="Largest encoder call: state and new option texts of concurrent requests are encoded together.")
     batch_window_ms: float = Field(2.0, ge=0, description="How long a micro-batch (encode, projection) waits for company.")
     max_questions: int = Field(64, ge=1, description="Questions per request.")
     max_options: int = Field(64, ge=2, description="Options per question.")
     max_state_chars: int = Field(100_000, ge=1, description="A longer rendered state gets 400.")
-    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="A larger request body gets 413.")
-    log_level: str = Field("info", description="Python and uvicorn log level.")

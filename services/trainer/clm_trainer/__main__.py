@@ -7,8 +7,9 @@ balancer) and as many workers as there are cores or GPUs to train on.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
+
+from clm_http.settings import configure_logging, serve
 
 from .settings import TrainerSettings
 
@@ -21,23 +22,19 @@ def main(argv: list[str] | None = None) -> int:
     api.add_argument("--host", help="override CLM_TRAINER_HOST")
     api.add_argument("--port", type=int, help="override CLM_TRAINER_PORT")
     commands.add_parser("worker", help="run one worker: claim queued jobs and train them")
-    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    parser.add_argument("--log-level", type=str.lower, choices=["debug", "info", "warning", "error"],
+                        help="override CLM_TRAINER_LOG_LEVEL")
     args = parser.parse_args(argv)
 
-    logging.basicConfig(level=args.log_level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    overrides = {}
-    if args.command == "api":
-        overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    overrides = {k: v for k, v in (("host", getattr(args, "host", None)), ("port", getattr(args, "port", None)),
+                                   ("log_level", args.log_level)) if v is not None}
     settings = TrainerSettings(**overrides)
+    configure_logging(settings.log_level)
 
     if args.command == "api":
-        import uvicorn
-
         from .app import create_app
 
-        uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
-                    log_level=args.log_level.lower(), timeout_graceful_shutdown=5)
+        serve(create_app(settings), settings, graceful_shutdown_s=5)
     else:
         from .worker import run_worker
 

@@ -9,14 +9,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from pydantic import Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
+
+from clm_http.settings import ServiceSettings, body_limit_field, port_field
 
 
-class TrainerSettings(BaseSettings):
+class TrainerSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="CLM_TRAINER_", extra="ignore")
 
-    host: str = Field("127.0.0.1", description="Interface the jobs API listens on.")
-    port: int = Field(8002, description="TCP port of the jobs API.")
+    port: int = port_field(8002)  # of the jobs API (workers listen on nothing)
+    max_body_bytes: int = body_limit_field(1_000_000)
     redis_url: str = Field("redis://127.0.0.1:6379/1", description="Job queue, job objects and events.")
     redis_prefix: str = Field("clm:trainer", min_length=1, description="Prefix of every Redis key the trainer owns.")
     redis_timeout_s: float = Field(3.0, gt=0, description="Socket timeout of Redis calls: a dead Redis fails fast, never hangs.")
@@ -34,7 +36,6 @@ class TrainerSettings(BaseSettings):
     progress_interval_s: float = Field(1.0, ge=0, description="Minimum seconds between two progress events of a job (phase changes always go out).")
     max_events: int = Field(2000, ge=10, description="Events kept per job (older ones are trimmed).")
     idempotency_ttl_s: int = Field(86_400, ge=60, description="How long an Idempotency-Key maps to its job.")
-    max_body_bytes: int = Field(1_000_000, ge=1024, description="Larger request bodies get 413.")
     max_attempts: int = Field(3, ge=1, description="A job that lost its worker this many times fails.")
     list_limit_max: int = Field(500, ge=1, description="Largest `limit` GET /jobs accepts.")
     worker_id: str = Field("", description="Name of this worker in job objects (default: <hostname>-<pid>).")

@@ -1,0 +1,57 @@
+"""What every service's settings share: where it listens, how much it logs, the body limit.
+
+Each service subclasses ``ServiceSettings`` with its environment prefix and
+its own defaults (port, body limit); the fields, their meaning and their
+validation are written once here. ``configure_logging`` and ``serve`` start a
+process the same way for all three (one log format, one uvicorn call).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings
+
+LogLevel = Literal["debug", "info", "warning", "error"]
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def port_field(default: int) -> Any:
+    """The ``port`` field with a service's default (the meaning and bounds are the same everywhere)."""
+    return Field(default, ge=1, le=65535, description="TCP port to listen on.")
+
+
+def body_limit_field(default: int) -> Any:
+    """The ``max_body_bytes`` field with a service's default."""
+    return Field(default, ge=1024, description="Larger request bodies get 413 before they are read.")
+
+
+class ServiceSettings(BaseSettings):
+    """Subclasses set ``model_config`` (their ``env_prefix``) and their ``port``/``max_body_bytes`` defaults."""
+
+    host: str = Field("127.0.0.1", description="Interface to listen on.")
+    port: int = port_field(8000)
+    log_level: LogLevel = Field("info", description="Log level of the service and uvicorn (debug, info, warning, error).")
+    max_body_bytes: int = body_limit_field(1_000_000)
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower_case_level(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value  # INFO and info alike
+
+
+def configure_logging(level: str) -> None:
+    """One log format for every service process (stderr; containers collect it)."""
+    logging.basicConfig(level=level.upper(), stream=sys.stderr, format=LOG_FORMAT)
+
+
+def serve(app, settings: ServiceSettings, *, graceful_shutdown_s: int) -> None:
+    """Run ``app`` with uvicorn, one worker: each service keeps per-process state (models, caches,
+    single-flight tables, heads); scale out with replicas."""
+    import uvicorn
+
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                timeout_graceful_shutdown=graceful_shutdown_s)
