@@ -2,13 +2,16 @@
 PY := .venv/bin/python
 PYTEST := .venv/bin/pytest
 
-.PHONY: setup test test-fast test-faults demo bench-loss bench-embedder bench-trainer bench-serve clean
+.PHONY: setup test test-compose test-fast test-faults demo bench-loss bench-embedder bench-trainer bench-serve clean
 
 setup:
 	bash scripts/setup.sh
 
 test:
 	$(PYTEST) -q tests
+
+test-compose:  ## the CPU compose stack built and run for real (scripts/compose/run_stack_test.py)
+	$(PY) scripts/compose/run_stack_test.py
 
 test-fast:  ## unit tests only (no vLLM server)
 	$(PYTEST) -q tests -m "not vllm"

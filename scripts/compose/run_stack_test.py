@@ -1,0 +1,268 @@
+"""`make test-compose`: the CPU compose stack, built and started for real, a job end to end.
+
+    .venv/bin/python scripts/compose/run_stack_test.py     (what `make test-compose` runs)
+
+Steps, each an assertion (the first failure stops the run, exit 1):
+  prepare   engine, Compose v2 and a base image when the machine lacks them (prepare.sh)
+  build     every image of docker-compose.yml + docker-compose.cpu.yml on a private dockerd
+  up        `up -d --wait`: every service healthy, in dependency order
+  jobs      POST /jobs InfoNCE (when no heads are served) then SFT on the bundled records;
+            follow GET /jobs/<id>/events to `succeeded`; GET the report (JSON and HTML)
+  serve     GET /v1/heads shows the new version; POST /v1/systemone answers with it
+  scale     `up -d --scale trainer-worker=2`; a second job succeeds
+  users     every CLM container (and vllm-cpu) runs as uid 10001; only 8002 and 8003 are published
+  redis     `restart redis` loses no job (AOF)
+  volumes   `down` then `up`: the jobs, the served heads and the caches survive; the same
+            SFT job again embeds 0 texts
+Only published ports and the containers' own commands are used. The last stdout
+line is one JSON object (build_seconds, up_seconds, job_seconds, heads_version_served,
+texts_embedded_rerun, ...). Whatever happens, the containers and the daemon this run
+started are stopped (finally + SIGTERM/SIGINT handlers). Environment:
+CLM_COMPOSE_WORK (default var/compose: tools, base root fs, the daemon's data root).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from stack import (  # noqa: E402
+    LOCAL_PYTHON_IMAGE, LOCAL_REDIS_IMAGE, REPO_ROOT, ComposeStack, PrivateDockerd, build_inputs, log, prepare,
+)
+
+DATA = "/srv/clm/data/examples/data/soc_triage"  # the bundled records, inside the image's data volume
+HEADS_NAME = "soc-triage"  # docker-compose.yml's CLM_SERVE_HEADS_NAME default
+CLM_SERVICES = ("embedder", "trainer-api", "trainer-worker", "clm-serve", "vllm")
+JOB_TIMEOUT_S = 900
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def version_number(label: str | None) -> int | None:
+    return int(str(label).lstrip("v")) if label else None
+
+
+class StackTest:
+    def __init__(self, stack: ComposeStack, trainer_url: str, serve_url: str, token: str) -> None:
+        self.stack, self.trainer, self.serve = stack, trainer_url, serve_url
+        self.headers = {"Authorization": f"Bearer {token}"}
+        self.figures: dict[str, object] = {}
+
+    # ---- jobs through the trainer API --------------------------------------------------------
+
+    def job_config(self, loss: str, init: str | None = None, mode: str = "train") -> dict:
+        config = {
+            "mode": mode,
+            "data": {split: f"{DATA}/{split}.jsonl" for split in ("train", "validation", "test")},
+            "encoder": {"backend": "embedder", "batch_size": 128, "concurrency": 2},
+            "heads": {"config": {"proj_dim": 64, "kind": "linear"}, "seed": 0},
+            "loss": {"mode": loss},
+            "train": {"epochs": 2, "batch_size": 32, "lr": 3e-3, "seed": 0},
+            "output": {"name": HEADS_NAME, "publish": True},
+        }
+        if init:
+            config["heads"]["init_checkpoint"] = init
+        return config
+
+    def run_job(self, name: str, config: dict) -> dict:
+        response = httpx.post(f"{self.trainer}/jobs", json={"name": name, "config": config}, headers=self.headers,
+                              timeout=30)
+        assert response.status_code == 201, f"POST /jobs {name}: {response.status_code} {response.text[:2000]}"
+        job_id = response.json()["id"]
+        final = None
+        with httpx.stream("GET", f"{self.trainer}/jobs/{job_id}/events", params={"follow": "true"},
+                          timeout=httpx.Timeout(30, read=JOB_TIMEOUT_S)) as stream:
+            assert stream.status_code == 200, f"GET /jobs/{job_id}/events: {stream.status_code}"
+            for line in stream.iter_lines():
+                if line.strip():
+                    event = json.loads(line)
+                    if event.get("type") in ("succeeded", "failed", "cancelled"):
+                        final = event["type"]
+                        break
+        job = httpx.get(f"{self.trainer}/jobs/{job_id}", timeout=30).json()
+        assert final == "succeeded" and job["status"] == "succeeded", \
+            f"job {name} ended {final}/{job['status']}: {job.get('error')}"
+        log(f"job {name} {job_id} succeeded: texts_embedded={job['result'].get('texts_embedded')} "
+            f"checkpoint={(job['result'].get('checkpoint') or {}).get('version')}")
+        return job
+
+    def check_report(self, job: dict) -> None:
+        report = httpx.get(f"{self.trainer}/jobs/{job['id']}/report", timeout=60)
+        assert report.status_code == 200 and "after" in report.json(), f"report JSON: {report.status_code}"
+        html = httpx.get(f"{self.trainer}/jobs/{job['id']}/report", params={"format": "html"}, timeout=60)
+        assert html.status_code == 200 and "text/html" in html.headers.get("content-type", ""), \
+            f"report HTML: {html.status_code} {html.headers.get('content-type')}"
+        assert "<html" in html.text.lower(), "report HTML has no <html> element"
+
+    def served_version(self) -> int | None:
+        response = httpx.get(f"{self.serve}/v1/heads", timeout=10)
+        return version_number(response.json().get("version")) if response.status_code == 200 else None
+
+    def wait_served(self, version: int, timeout_s: float = 120) -> int:
+        deadline, served = time.monotonic() + timeout_s, None
+        while time.monotonic() < deadline:
+            served = self.served_version()
+            if served == version:
+                return served
+            time.sleep(1)
+        raise AssertionError(f"clm-serve serves {served}, not v{version:04d}, {timeout_s:.0f} s after publishing")
+
+    def ask_systemone(self, version: int) -> None:
+        record = json.loads((REPO_ROOT / "examples/data/soc_triage/test.jsonl").read_text().splitlines()[0])
+        response = httpx.post(f"{self.serve}/v1/systemone", timeout=60,
+                              json={"state": record["state"], "questions": record["questions"]})
+        assert response.status_code == 200, f"POST /v1/systemone: {response.status_code} {response.text[:2000]}"
+        body = response.json()
+        assert version_number(response.headers.get("x-clm-heads-version")) == version, response.headers
+        assert set(body["answers"]) == set(record["questions"]), body["answers"].keys()
+
+    def jobs_listed(self) -> dict[str, str]:
+        response = httpx.get(f"{self.trainer}/jobs", params={"limit": 50}, timeout=30)
+        assert response.status_code == 200, f"GET /jobs: {response.status_code}"
+        body = response.json()
+        items = body.get("data", body.get("jobs", body)) if isinstance(body, dict) else body
+        return {job["id"]: job["status"] for job in items}
+
+    # ---- the container-level checks ----------------------------------------------------------
+
+    def check_users_and_ports(self) -> None:
+        containers = self.stack.containers()
+        published: set[int] = set()
+        for container in containers:
+            service = container["Service"]
+            for publisher in container.get("Publishers") or []:
+                if publisher.get("PublishedPort"):
+                    published.add(publisher["TargetPort"])
+                    assert publisher.get("URL") in ("127.0.0.1", None, ""), f"{service} publishes on {publisher}"
+            if service in CLM_SERVICES:
+                uid = self.stack.docker("exec", container["ID"], "id", "-u").stdout.strip()
+                assert uid == "10001", f"{container['Name']} runs as uid {uid}, not 10001"
+        assert published == {8002, 8003}, f"published container ports: {sorted(published)}"
+        workers = [c for c in containers if c["Service"] == "trainer-worker" and c["State"] == "running"]
+        assert len(workers) == 2, f"{len(workers)} trainer-worker containers running, expected 2"
+
+    def wait_trainer(self, timeout_s: float = 120) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.trainer}/jobs", timeout=5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        raise AssertionError(f"trainer API did not list jobs within {timeout_s:.0f} s")
+
+    # ---- the story ---------------------------------------------------------------------------
+
+    def run(self) -> None:
+        started = time.monotonic()
+        self.stack.compose("up", "-d", "--wait", "--wait-timeout", "900", timeout=1000)
+        self.figures["up_seconds"] = round(time.monotonic() - started, 1)
+        log(f"stack healthy in {self.figures['up_seconds']} s")
+
+        init = None
+        if self.served_version() is None:
+            infonce = self.run_job("infonce", self.job_config("infonce"))
+            init = infonce["result"]["checkpoint"]["path"]
+        started = time.monotonic()
+        sft = self.run_job("sft", self.job_config("sft", init))
+        self.figures["job_seconds"] = round(time.monotonic() - started, 1)
+        self.figures["texts_embedded_first"] = sft["result"]["texts_embedded"]
+        self.check_report(sft)
+        version = version_number(sft["result"]["checkpoint"]["version"])
+        self.figures["heads_version_served"] = self.wait_served(version)
+        self.ask_systemone(version)
+
+        self.stack.compose("up", "-d", "--wait", "--wait-timeout", "600", "--scale", "trainer-worker=2", timeout=700)
+        self.run_job("eval", self.job_config("sft", sft["result"]["checkpoint"]["path"], mode="eval"))
+        self.check_users_and_ports()
+
+        before = self.jobs_listed()
+        self.stack.compose("restart", "redis", timeout=300)
+        self.stack.compose("up", "-d", "--wait", "--wait-timeout", "300", "--scale", "trainer-worker=2", timeout=400)
+        self.wait_trainer()
+        after = self.jobs_listed()
+        assert after == before, f"jobs before the Redis restart {before}, after {after}"
+
+        self.stack.compose("down", timeout=300)
+        self.stack.compose("up", "-d", "--wait", "--wait-timeout", "600", timeout=700)
+        assert self.jobs_listed() == before, "jobs lost across down/up"
+        assert self.served_version() == version, "the served heads did not survive down/up"
+        rerun = self.run_job("sft-rerun", self.job_config("sft", init))
+        self.figures["texts_embedded_rerun"] = rerun["result"]["texts_embedded"]
+        assert rerun["result"]["texts_embedded"] == 0, f"rerun embedded {rerun['result']['texts_embedded']} texts"
+
+
+def main() -> int:
+    work = Path(os.environ.get("CLM_COMPOSE_WORK", REPO_ROOT / "var/compose")).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    figures: dict[str, object] = {}
+    total_started = time.monotonic()
+    daemon = stack = None
+
+    def on_signal(signum, _frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_signal)
+    ok = False
+    try:
+        started = time.monotonic()
+        tools = prepare(work)
+        figures["prepare_seconds"] = round(time.monotonic() - started, 1)
+        os.environ["DOCKER_CONFIG"] = tools["DOCKER_CONFIG"]  # where the Compose plugin is
+        daemon = PrivateDockerd(tools["DOCKERD"], work / "docker-root", work / "dockerd.log").start()
+        token = secrets.token_hex(16)
+        trainer_port, serve_port = free_port(), free_port()
+        variables = {"CLM_TRAINER_PUBLISH_PORT": str(trainer_port), "CLM_SERVE_PUBLISH_PORT": str(serve_port),
+                     "CLM_TRAINER_API_TOKEN": token, "CLM_BUILD_NETWORK": "host",
+                     **build_inputs(work / "build-inputs")}
+        if tools.get("ROOTFS_TAR"):
+            variables |= {"CLM_PYTHON_IMAGE": LOCAL_PYTHON_IMAGE, "CLM_REDIS_IMAGE": LOCAL_REDIS_IMAGE}
+        stack = ComposeStack(daemon, variables)
+        if tools.get("ROOTFS_TAR"):
+            stack.import_base_images(tools["ROOTFS_TAR"])
+        stack.compose("down", "--volumes", "--remove-orphans", timeout=300)  # a clean start, also after a crash
+
+        started = time.monotonic()
+        log("building the images (docker compose build)")
+        stack.compose("--progress", "plain", "build", timeout=3600, capture=False)
+        figures["build_seconds"] = round(time.monotonic() - started, 1)
+        stack.docker("image", "prune", "--force")  # dangling layers of earlier builds (vfs copies them in full)
+        figures["image_sizes"] = stack.image_sizes()
+
+        test = StackTest(stack, f"http://127.0.0.1:{trainer_port}", f"http://127.0.0.1:{serve_port}", token)
+        try:
+            test.run()
+        finally:
+            figures |= test.figures
+        ok = True
+    except BaseException as error:  # noqa: BLE001 (report, clean up, exit 1)
+        log(f"FAILED: {type(error).__name__}: {error}")
+        if stack is not None:
+            stack.dump_logs()
+    finally:
+        if stack is not None:
+            stack.compose("down", "--volumes", "--remove-orphans", check=False, timeout=300)
+        if daemon is not None:
+            daemon.stop()
+    figures["total_seconds"] = round(time.monotonic() - total_started, 1)
+    figures["ok"] = ok
+    print(json.dumps(figures))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
