@@ -173,6 +173,34 @@ def test_eval_mode_reports_the_before_numbers_and_publishes_nothing(base_config,
     assert set(report["before"]) == {"validation", "test"}
 
 
+def test_eval_after_train_is_served_by_the_train_runs_table_without_encoding(base_config, tmp_path):
+    """mode: eval of validation + test only; the train run's table (a superset) answers: 0 texts asked,
+    no second table, not even from the vector cache (its LMDB is removed first)."""
+    import shutil
+
+    base_config["cache"]["dir"] = str(tmp_path / "cold-cache")
+    trained = run(base_config, {"train.epochs": 1})
+    tables = tmp_path / "cold-cache" / "tables"
+    [train_table] = list(tables.iterdir())
+    shutil.rmtree(tmp_path / "cold-cache" / "vectors")
+    events = []
+    evaluated = run(base_config, {"mode": "eval", "heads.init_checkpoint": str(trained.checkpoint.path),
+                                  "data.train": None, "output.report_dir": str(tmp_path / "eval-report")},
+                    progress=events.append)
+    assert evaluated.texts_embedded == 0 and evaluated.texts_total < trained.texts_total
+    assert list(tables.iterdir()) == [train_table]
+    assert not (tmp_path / "cold-cache" / "vectors").exists()  # the encoder was never opened
+    report = json.loads(evaluated.report_path.read_text())
+    assert report["embedding"]["table"] == str(train_table)
+    assert [e.counters for e in events if e.phase == "embedding"] == [{"texts_embedded": 0}]
+
+
+def test_pooling_auto_is_accepted_and_resolved_to_last_for_the_causal_tiny_qwen3(base_config):
+    recipe = TrainCLMHeadsRecipe(build_config(base_config, [("encoder.pooling", "auto")]))
+    explicit = TrainCLMHeadsRecipe(build_config(base_config))  # pooling: last
+    assert recipe._embedding_config().fingerprint == explicit._embedding_config().fingerprint
+
+
 def test_heads_from_another_encoder_are_refused(base_config, tmp_path):
     trained = run(base_config, {"train.epochs": 1})
     with pytest.raises(ValueError, match="heads only work on their own encoder"):
