@@ -29,7 +29,7 @@ from clm.heads import CLMHeadPair, HeadConfig
 from clm.recipes.batches import collect_clm_texts
 from clm.records import load_records
 
-from faults_support import (
+from support.faults import (
     Embedder,
     RestartableRedis,
     Serve,
@@ -102,15 +102,8 @@ def embedder(root, redis_aof, tiny_qwen3_dir):
 
 @pytest.fixture(scope="module")
 def stack(root, redis_aof, ckpt_fs, embedder, tiny_qwen3_dir):
-    stack = TrainerStack(root, redis_aof.db(1), tiny_qwen3_dir.parent,
-                         extra_env={"CLM_TRAINER_EMBEDDER_URL": embedder.url, **LEASE_ENV})
-    try:
-        stack.start_api()
-        stack.start_worker("w-a")
-        stack.start_worker("w-b")
-        yield stack
-    finally:
-        stack.stop()
+    yield from TrainerStack(root, redis_aof.db(1), tiny_qwen3_dir.parent,
+                            extra_env={"CLM_TRAINER_EMBEDDER_URL": embedder.url, **LEASE_ENV}).started()
 
 
 @pytest.fixture(scope="module")

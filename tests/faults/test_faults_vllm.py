@@ -16,7 +16,7 @@ import pytest
 from clm.checkpoint import list_versions
 from clm.procs import start_redis
 
-from faults_support import (
+from support.faults import (
     Embedder,
     TrainerStack,
     backend_texts_encoded,

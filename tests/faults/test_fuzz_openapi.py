@@ -15,10 +15,8 @@ shrinking; the test fails at the end with the first few offending requests.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import requests
@@ -32,8 +30,8 @@ from clm.devstack import start_embedder, start_serve, start_trainer_api
 from clm.encoders.model_identity import fingerprint_for_model_dir
 from clm.procs import start_redis, wait_http
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "serve"))
-from serve_support import HEADS_NAME, MAX_TOKENS, publish  # noqa: E402
+from support.serve import HEADS_NAME, MAX_TOKENS, publish
+
 
 TRAINER_TOKEN = "fuzz-trainer-token-5b1e"
 ADMIN_TOKEN = "fuzz-admin-token-9c2d"

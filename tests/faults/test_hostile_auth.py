@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -25,10 +23,9 @@ from clm.devstack import start_serve
 from clm.encoders.model_identity import fingerprint_for_model_dir
 from clm.procs import start_redis, wait_http
 
-TESTS = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(TESTS / "serve"), str(TESTS / "trainer")]
-from serve_support import HEADS_NAME, MAX_TOKENS, publish  # noqa: E402
-from trainer_support import TrainerStack, is_terminal, recipe_config, wait_job, write_data  # noqa: E402
+from support.serve import HEADS_NAME, MAX_TOKENS, publish
+from support.trainer import TrainerStack, is_terminal, recipe_config, wait_job, write_data
+
 
 TRAINER_TOKEN = "auth-trainer-token-6e0b2d91"
 ADMIN_TOKEN = "auth-admin-token-a47c3f08"

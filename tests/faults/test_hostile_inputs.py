@@ -13,7 +13,6 @@ import base64
 import json
 import os
 import struct
-import sys
 import time
 import zlib
 from pathlib import Path
@@ -31,10 +30,9 @@ from clm.durable import sha256_file
 from clm.encoders.model_identity import fingerprint_for_model_dir
 from clm.procs import start_redis, wait_http
 
-TESTS = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(TESTS / "serve"), str(TESTS / "trainer")]
-from serve_support import HEADS_NAME, MAX_TOKENS, TRIAGE_REQUEST, make_heads, publish  # noqa: E402
-from trainer_support import recipe_config, write_data  # noqa: E402
+from support.serve import HEADS_NAME, MAX_TOKENS, TRIAGE_REQUEST, make_heads, publish
+from support.trainer import recipe_config, write_data
+
 
 TRAINER_TOKEN = "hostile-trainer-token-1d7e"
 ADMIN_TOKEN = "hostile-admin-token-3f9a"

@@ -12,7 +12,6 @@ throughput go into the report.
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from pathlib import Path
 
@@ -23,8 +22,8 @@ from clm.devstack import start_serve
 from clm.encoders.model_identity import fingerprint_for_model_dir
 from clm.procs import wait_http
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "serve"))
-from serve_support import HEADS_NAME, MAX_TOKENS, TRIAGE_REQUEST, publish  # noqa: E402
+from support.serve import HEADS_NAME, MAX_TOKENS, TRIAGE_REQUEST, publish
+
 
 CLIENTS = 16
 DURATION_S = 60.0

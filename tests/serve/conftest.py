@@ -3,7 +3,7 @@
 The encoder is a real (randomly initialised, fixed-seed) Qwen3 decoder of
 width 128 built locally, with last-token pooling: the production contract at
 a size that runs in milliseconds on CPU. Checkpoints are written with
-``clm.checkpoint`` exactly as the trainer publishes them (see serve_support).
+``clm.checkpoint`` exactly as the trainer publishes them (see support.serve).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from clm.encoders.base import EncoderFingerprint
 from clm.encoders.local import LocalEncoder
 from clm.encoders.model_identity import fingerprint_for_model_dir
 from clm.encoders.tiny_qwen3 import build_tiny_qwen3
-from serve_support import DATA, MAX_TOKENS
+from support.serve import DATA, MAX_TOKENS
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 from pydantic import SecretStr
 
-from serve_support import TRIAGE_REQUEST, assert_vllm_error, publish, serve_in_process, serve_settings, wait_for
+from support.serve import TRIAGE_REQUEST, assert_vllm_error, publish, serve_in_process, serve_settings, wait_for
 
 pytestmark = pytest.mark.anyio
 
@@ -297,7 +297,7 @@ async def test_options_seen_in_training_are_projected_before_the_first_request(t
     """A checkpoint's options.json (written by the trainer) warms the action cache when the heads load."""
     from clm.checkpoint import publish_checkpoint
     from clm.texts import option_texts
-    from serve_support import HEADS_NAME, make_heads
+    from support.serve import HEADS_NAME, make_heads
 
     trained = [text for spec in TRIAGE_REQUEST["questions"].values() for text in option_texts(spec)]
     publish_checkpoint(tmp_path / "checkpoints", HEADS_NAME, make_heads(1), fingerprint, option_texts=trained)

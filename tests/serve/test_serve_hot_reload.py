@@ -26,7 +26,7 @@ from clm.checkpoint.store import version_label
 from clm.durable import atomic_write_bytes, sha256_file
 from clm.procs import ManagedProcess, free_port, wait_http
 from clm.texts import option_texts, state_text
-from serve_support import HEADS_NAME, MAX_TOKENS, TRIAGE_REQUEST, make_heads, publish
+from support.serve import HEADS_NAME, MAX_TOKENS, TRIAGE_REQUEST, make_heads, publish
 
 CLIENTS = 8
 

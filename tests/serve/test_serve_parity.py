@@ -27,7 +27,7 @@ from clm.recipes.batches import collect_clm_texts, encode_records
 from clm.recipes.evaluation import score_records
 from clm.recipes.batches import record_texts
 from clm_serve.reloader import warm_option_texts
-from serve_support import HEADS_NAME, serve_in_process, serve_settings
+from support.serve import HEADS_NAME, serve_in_process, serve_settings
 
 pytestmark = pytest.mark.anyio
 

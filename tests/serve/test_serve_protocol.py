@@ -14,7 +14,7 @@ import pytest
 from clm.texts import option_texts
 from clm_serve.protocol import StructuredDecisionRequest, StructuredDecisionResponse
 from clm_serve.question_types import StructuredDecisionError, build_question
-from serve_support import DATA
+from support.serve import DATA
 
 
 def test_request_model_has_vllms_fields_and_defaults(schemas):

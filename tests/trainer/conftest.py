@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer_support import write_data
+from support.trainer import write_data
 
 
 @pytest.fixture(scope="module")

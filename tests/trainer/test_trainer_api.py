@@ -8,7 +8,7 @@ import os
 import httpx
 import pytest
 
-from trainer_support import TOKEN, TrainerStack, recipe_config
+from support.trainer import TOKEN, TrainerStack, recipe_config
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ import pytest
 from clm.checkpoint import list_versions, resolve_latest
 from clm.procs import ManagedProcess, free_port, start_redis, wait_http
 
-from trainer_support import (
+from support.trainer import (
     TOKEN,
     TrainerStack,
     is_terminal,
@@ -68,15 +68,8 @@ def embedder(stack_root, tiny_qwen3_dir):
 
 @pytest.fixture(scope="module")
 def stack(stack_root, redis_aof, embedder, tiny_qwen3_dir):
-    stack = TrainerStack(stack_root, redis_aof.url, tiny_qwen3_dir.parent,
-                         extra_env={"CLM_TRAINER_EMBEDDER_URL": embedder})
-    try:
-        stack.start_api()
-        stack.start_worker("w-a")
-        stack.start_worker("w-b")
-        yield stack
-    finally:
-        stack.stop()
+    yield from TrainerStack(stack_root, redis_aof.url, tiny_qwen3_dir.parent,
+                            extra_env={"CLM_TRAINER_EMBEDDER_URL": embedder}).started()
 
 
 @pytest.fixture(scope="module")

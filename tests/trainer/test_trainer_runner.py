@@ -9,7 +9,7 @@ from clm_trainer.job_config import prepare_config
 from clm_trainer.runner import JOB_ID_METRIC, JobCancelled, run_job
 from clm_trainer.settings import TrainerSettings
 
-from trainer_support import recipe_config, write_data
+from support.trainer import recipe_config, write_data
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from clm.heads import CLMHeadPair, HeadConfig
 from clm_serve.app import create_app
 from clm_serve.settings import ServeSettings
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "serve" / "data"  # vLLM's exported schemas and answers
 HEADS_NAME = "triage"
 MAX_TOKENS = 256
 

@@ -15,6 +15,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -114,6 +115,16 @@ class TrainerStack:
             worker.stop()
         if self.api is not None:
             self.api.stop()
+
+    def started(self, workers: tuple[str, ...] = ("w-a", "w-b")) -> Iterator["TrainerStack"]:
+        """The API and ``workers`` running for a fixture's lifetime; everything stopped after, also on failure."""
+        try:
+            self.start_api()
+            for name in workers:
+                self.start_worker(name)
+            yield self
+        finally:
+            self.stop()
 
     def client(self, token: str | None = TOKEN) -> httpx.Client:
         headers = {"Authorization": f"Bearer {token}"} if token else {}

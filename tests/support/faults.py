@@ -2,7 +2,7 @@
 
 Every process is a real OS process on a free loopback port, started with the
 environment a deployment uses and stopped (or SIGKILLed / SIGSTOPped) by PID.
-The trainer stack itself is ``tests/trainer/trainer_support.TrainerStack``.
+The trainer stack itself is ``support.trainer.TrainerStack``.
 """
 
 from __future__ import annotations
@@ -22,9 +22,8 @@ import httpx
 from clm.procs import ManagedProcess, free_port, start_redis, wait_http, wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO_ROOT / "tests" / "trainer"))
 
-from trainer_support import (  # noqa: E402
+from support.trainer import (
     TOKEN,
     TrainerStack,
     events,
