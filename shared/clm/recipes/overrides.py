@@ -86,3 +86,22 @@ def apply_overrides(config: Mapping[str, Any], overrides: Sequence[tuple[str, An
             node = child
         node[parts[-1]] = value
     return updated
+
+
+def split_config_argument(argv: list[str]) -> tuple[str | None, list[str]]:
+    """(``--config`` value, the other arguments) of a command line such as
+    ``--config x.yaml --loss.mode sft`` (the module entry point's, as NeMo's ``--config``)."""
+    config, rest, index = None, [], 0
+    while index < len(argv):
+        argument = argv[index]
+        if argument == "--config":
+            if index + 1 >= len(argv):
+                raise OverrideError("--config needs a path to a recipe YAML")
+            config, index = argv[index + 1], index + 2
+            continue
+        if argument.startswith("--config="):
+            config = argument.split("=", 1)[1]
+        else:
+            rest.append(argument)
+        index += 1
+    return config, rest

@@ -53,10 +53,11 @@ from clm.encoders.model_identity import fingerprint_for_model_dir, model_hidden_
 from clm.heads import CLMHeadPair
 from clm.records import QuestionTarget, Record, load_records
 from clm.records.loader import parse_record
-from clm.recipes import embedding, shards
+from clm.recipes import embed_phase, embedding, shards
 from clm.recipes.batches import EncodedRecord, collect_clm_texts, collect_option_texts, encode_records
 from clm.recipes.batches import forward_identified
 from clm.recipes.config import ConfigError, RecipeConfig, load_config
+from clm.recipes.overrides import OverrideError, split_config_argument
 from clm.recipes.distributed import (
     RankInfo,
     all_gather,
@@ -65,13 +66,7 @@ from clm.recipes.distributed import (
     rank_device,
     wait_for_peers,
 )
-from clm.recipes.encoder_setup import (
-    fetch_remote_identity,
-    local_pooling,
-    open_local_encoder,
-    open_remote_encoder,
-    resolve_model_dir,
-)
+from clm.recipes.encoder_setup import fetch_remote_identity, local_pooling, resolve_model_dir
 from clm.recipes.errors import (  # noqa: F401  (re-exported: the trainer worker imports them from here)
     DISK_FULL_ERRNOS,
     INPUT_ERRORS,
@@ -235,7 +230,7 @@ class TrainCLMHeadsRecipe:
                 table = embedding.find_cached_table(path, fingerprint, texts)
                 found = None if table is None else str(table.path)
             except Exception as error:  # noqa: BLE001  (relayed to every rank just below)
-                failure = _as_cache_failure(error, path)
+                failure = embed_phase.as_cache_failure(error, path)
         self._raise_cache_failure(failure, "looking up the embedding table")
         found = all_gather(found)[0]
         if found is not None:
@@ -259,12 +254,12 @@ class TrainCLMHeadsRecipe:
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)  # an unwritable cache fails here, before the model
                 if info.distributed:
-                    vectors, embedded = asyncio.run(self._encode(mine, None, None))
+                    vectors, embedded = asyncio.run(self._encode(mine))
                     shards.write_shard(shards.shard_path(staging, info.rank, info.world_size), vectors)
                 else:
                     table, embedded = asyncio.run(self._encode(mine, texts, path))
             except Exception as error:  # noqa: BLE001  (relayed to every rank just below)
-                failure = _as_cache_failure(error, path)
+                failure = embed_phase.as_cache_failure(error, path)
             self._raise_cache_failure(failure, "encoding and writing its embedding shard")
             self.embedding_ranks = all_gather({"rank": info.rank, "chunks": plan.chunks_of(info.rank),
                                                "texts": plan.rows_of(info.rank), "texts_embedded": embedded})
@@ -276,71 +271,22 @@ class TrainCLMHeadsRecipe:
                 return table
             if info.is_main:
                 try:
-                    table = self._assemble(plan, staging, texts, path)
+                    assert contract is not None
+                    table = embed_phase.assemble_table(plan, staging, texts, path, contract)
                 except Exception as error:  # noqa: BLE001
-                    failure = _as_cache_failure(error, path)
+                    failure = embed_phase.as_cache_failure(error, path)
             self._raise_cache_failure(failure, "assembling the embedding table from the shards")
             return table if table is not None else self._open_table(path, contract.fingerprint.digest, path)
         finally:
             if info.distributed and info.is_main:
                 shards.remove_staging(staging)  # every rank is past its writes: the collectives above are barriers
 
-    async def _encode(self, chunks: list[list[str]], texts: list[str] | None, path: Path | None):
-        """This rank's chunks through the configured encoder: into the table at ``path`` (one process,
-        ``texts`` = all of them), else as one stacked array for the shard file."""
-        cfg, contract = self.cfg, self.contract
-        assert contract is not None
-        last = {"done": 0, "total": sum(len(c) for c in chunks), "texts_embedded": 0}
-
-        def report(done: int, total: int, embedded: int) -> None:
-            last.update(done=done, total=total, texts_embedded=embedded)
-            self.progress(ProgressEvent("embedding", done, total, counters={"texts_embedded": embedded}))
-
-        def retry_notice(message: str, retry: int) -> None:
-            # An unavailable embedder is waited for, visibly: one event per retry (see embedding.encode_with_retry).
-            self.progress(ProgressEvent("embedding", last["done"], last["total"], message,
-                                        counters={"texts_embedded": last["texts_embedded"], "retry": retry}))
-
-        if not chunks:
-            return _nothing(contract.dim)
-        if cfg.encoder.backend == "local":
-            backend = open_local_encoder(cfg.encoder, device=rank_device(cfg.encoder.device, self.rank))
-        else:
-            backend = open_remote_encoder(
-                cfg.encoder, on_retry=lambda message: self.progress(ProgressEvent("embedding", 0, 0, message)))
-        try:
-            if backend.fingerprint.digest != contract.fingerprint.digest:
-                raise EncoderError(f"the encoder's fingerprint changed while the run started: {backend.fingerprint}")
-            if cfg.encoder.backend == "local":
-                async with embedding.vector_cache_encoder(backend, cfg.cache.dir, cfg.cache.redis_url) as encode:
-                    return await self._encode_with(encode, backend, chunks, texts, path, report)
-            retry = embedding.RetryPolicy(budget_s=cfg.encoder.retry_seconds)
-            return await self._encode_with(embedding.remote_encoder(backend, retry, retry_notice), backend, chunks,
-                                           texts, path, report)
-        finally:
-            await backend.aclose()
-
-    async def _encode_with(self, encode, backend, chunks, texts, path, report):
-        if path is not None:
-            return await embedding.build_table(path, texts, backend, encode, report, self.cfg.encoder.chunk_texts)
-        return await embedding.encode_chunks(chunks, backend.dim, encode, report)
-
-    def _assemble(self, plan: shards.ShardPlan, staging: Path, texts: list[str], path: Path) -> EmbeddingTable:
-        """Rank 0: the shards, read back from the staging folder, as one table renamed into place."""
-        contract = self.contract
-        assert contract is not None
-        with EmbeddingTable.create(path, texts, contract.dim, contract.fingerprint.digest) as writer:
-            for rank in range(plan.world_size):
-                if not plan.chunks_of(rank):
-                    continue
-                vectors = shards.read_shard(shards.shard_path(staging, rank, plan.world_size),
-                                            plan.rows_of(rank), contract.dim)
-                start = 0
-                for index in plan.chunks_of(rank):
-                    rows = plan.chunk(index)
-                    writer.write(texts[rows.start : rows.stop], vectors[start : start + len(rows)])
-                    start += len(rows)
-            return writer.finalize()
+    async def _encode(self, chunks: list[list[str]], texts: list[str] | None = None, path: Path | None = None):
+        """This rank's chunks through the configured encoder on this rank's device (see ``embed_phase``)."""
+        assert self.contract is not None
+        return await embed_phase.encode_rank_chunks(
+            self.cfg, self.contract, rank_device(self.cfg.encoder.device, self.rank), chunks, self.progress,
+            texts, path)
 
     def _open_table(self, found: Path, fingerprint: str, path: Path) -> EmbeddingTable:
         try:
@@ -556,46 +502,11 @@ class TrainCLMHeadsRecipe:
         )
 
 
-def _nothing(dim: int):
-    import numpy as np
-
-    return np.zeros((0, dim), dtype=np.float32), 0
-
-
-def _as_cache_failure(error: Exception, path: Path) -> Exception:
-    """A cache filesystem failure as ``EmbeddingCacheError`` naming the path; anything else unchanged."""
-    if isinstance(error, embedding.EmbeddingCacheError):
-        return error
-    if isinstance(error, embedding.CACHE_FAILURES):
-        return embedding.EmbeddingCacheError(path, error)
-    if isinstance(error, EmbeddingTableError) and isinstance(error.__cause__, OSError):
-        return embedding.EmbeddingCacheError(path, error.__cause__)
-    return error
-
-
 def _load_init_checkpoint(path: Path) -> LoadedCheckpoint:
     """heads.pt, a checkpoint folder, or a published name folder (then its ``latest`` version)."""
     if (path / LATEST_FILE).is_file():
         path = resolve_latest(path.parent, path.name).path
     return load_checkpoint(path)
-
-
-def _split_config_argument(argv: list[str]) -> tuple[str | None, list[str]]:
-    """(``--config`` value, the other arguments: ``--section.key value`` overrides)."""
-    config, rest, index = None, [], 0
-    while index < len(argv):
-        argument = argv[index]
-        if argument == "--config":
-            if index + 1 >= len(argv):
-                raise ConfigError("--config needs a path to a recipe YAML")
-            config, index = argv[index + 1], index + 2
-            continue
-        if argument.startswith("--config="):
-            config = argument.split("=", 1)[1]
-        else:
-            rest.append(argument)
-        index += 1
-    return config, rest
 
 
 def main(config_path: str | None = None) -> None:
@@ -606,7 +517,10 @@ def main(config_path: str | None = None) -> None:
     ``--section.key value``. Under torchrun every rank runs this; rank 0
     prints the run's summary as one JSON line.
     """
-    config_arg, overrides = _split_config_argument(sys.argv[1:])
+    try:
+        config_arg, overrides = split_config_argument(sys.argv[1:])
+    except OverrideError as error:
+        raise ConfigError(str(error)) from None
     path = config_arg or config_path
     if path is None:
         raise ConfigError("no recipe config: pass --config <yaml>")
