@@ -30,10 +30,35 @@ from rich.table import Table
 
 from clm.devstack import Service, start_embedder, start_serve, start_trainer_api, start_trainer_worker
 from clm.procs import ManagedProcess, start_redis
+from clm.report_tables import print_report_tables
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 HEADS_NAME = "soc-triage"
 console = Console(stderr=True)
+
+
+def headline_figures(report: dict) -> dict:
+    """Per split and scope (overall, seen / unseen question ids): accuracy and expected reward of every
+    predictor, and each heads - baseline / after - before difference with its interval (the README quotes these)."""
+    figures: dict = {}
+    for split in ("validation", "test"):
+        groups = ((report.get("generalisation") or {}).get(split) or {}).get("groups") or {}
+        comparisons = (report.get("comparisons") or {}).get(split) or {}
+        for scope in ("overall", "question id seen in training", "question id unseen in training"):
+            if scope == "overall":
+                values = {"before": report["before"][split]["overall"],
+                          **({"after": report["after"][split]["overall"]} if report.get("after") else {}),
+                          **{name: m["overall"] for name, m in report["baselines"]["metrics"].get(split, {}).items()}}
+            else:
+                values = {name: m for name, m in (groups.get(scope) or {}).items() if isinstance(m, dict)}
+            figures[f"{split} / {scope}"] = {
+                "values": {name: {metric: m.get(metric) for metric in ("accuracy", "expected_reward")}
+                           for name, m in values.items()},
+                "differences": {name: {metric: [i[metric]["difference"], i[metric]["low"], i[metric]["high"]]
+                                       for metric in ("accuracy", "expected_reward") if metric in i}
+                                for name, i in (comparisons.get(scope) or {}).items()},
+            }
+    return figures
 
 
 def version_number(label: str | None) -> int | None:
@@ -173,9 +198,8 @@ class Demo:
         latest = version_number(rl["result"]["checkpoint"]["version"])
         served = self.wait_served(latest)
 
-        console.rule("[bold]before / after")
-        self.print_report("sft (from InfoNCE heads)", sft)
-        self.print_report("rl (from SFT heads)", rl)
+        sft_report = self.print_report("sft (from InfoNCE heads): before / after, baselines, seen vs unseen questions", sft)
+        rl_report = self.print_report("rl (from SFT heads): before / after, baselines, seen vs unseen questions", rl)
         report_html = str(Path(rl["result"]["report"]).with_suffix(".html"))
         console.print(f"HTML report: {report_html}")
 
@@ -184,27 +208,27 @@ class Demo:
         stats = httpx.get(f"{self.services['embedder'].url}/v1/cache/stats", timeout=10).json()
         heads = httpx.get(f"{self.services['serve'].url}/v1/heads", timeout=10).json()
         return {"jobs": jobs, "heads_version_latest": latest, "heads_version_served": version_number(heads["version"]),
-                "texts_embedded": stats["backend_texts_encoded"], "report": report_html}
+                "texts_embedded": stats["backend_texts_encoded"], "report": report_html,
+                "figures": {"sft": headline_figures(sft_report), "rl": headline_figures(rl_report)}}
 
-    def print_report(self, title: str, job: dict) -> None:
+    def print_report(self, title: str, job: dict) -> dict:
+        """The job's report as the report's own tables: heads vs baselines, intervals, seen vs unseen questions."""
         report = httpx.get(f"{self.services['trainer'].url}/jobs/{job['id']}/report", timeout=30).json()
-        table = Table(title=title)
-        for column in ("split", "metric", "before", "after"):
-            table.add_column(column)
-        for split in ("validation", "test"):
-            before = ((report.get("before") or {}).get(split) or {}).get("overall") or {}
-            after = ((report.get("after") or {}).get(split) or {}).get("overall") or {}
-            for metric in ("accuracy", "nll", "brier", "ece", "rps", "expected_reward"):
-                b, a = before.get(metric), after.get(metric)
-                table.add_row(split, metric, "-" if b is None else f"{b:.4f}", "-" if a is None else f"{a:.4f}")
-        console.print(table)
+        console.rule(f"[bold]{title}")
+        print_report_tables(report, ("validation", "test"), console=console)
+        return report
 
     def ask_serve(self) -> None:
-        record = json.loads((self.args.data / "test.jsonl").read_text().splitlines()[0])
+        """Ask the first test record with a question id training never contained (else the first record)."""
+        trained = {qid for line in (self.args.data / "train.jsonl").read_text().splitlines()
+                   for qid in json.loads(line)["questions"]}
+        records = [json.loads(line) for line in (self.args.data / "test.jsonl").read_text().splitlines()]
+        record = next((r for r in records if set(r["questions"]) - trained), records[0])
         request = {"state": record["state"], "questions": record["questions"], "request_id": "demo-1"}
         response = httpx.post(f"{self.services['serve'].url}/v1/systemone", json=request, timeout=60)
         response.raise_for_status()
         console.print_json(json.dumps({"request": {"state": record["state"]}, "gold": record.get("answers"),
+                                       "never_trained_on": sorted(set(record["questions"]) - trained),
                                        "heads_version": response.headers.get("x-clm-heads-version"),
                                        "answers": response.json()["answers"]}))
 

@@ -15,7 +15,8 @@ which is the point of a CLM that can.
 * ``majority``: the label frequencies of the question in train (one pseudo-count
   per option, so no option has probability 0); its top option is the majority answer.
 * ``logistic_regression``: multinomial logistic regression on the state vector,
-  one model per question (scikit-learn). A question with fewer than
+  one model per question (scikit-learn), its regularisation picked by
+  cross-validated log-loss on train. A question with fewer than
   ``MIN_LABELS`` labelled training answers, or a single answer class, falls
   back to ``majority`` and is listed in the notes. Its probabilities get the
   same pseudo-counts (one per option over the training labels), so an option
@@ -40,7 +41,8 @@ from clm.recipes.batches import EncodedQuestion, EncodedRecord
 from clm.recipes.evaluation import ScoredQuestion
 
 MIN_LABELS = 10
-LOGISTIC_C = 1.0
+LOGISTIC_CS = (0.1, 1.0, 10.0, 100.0)  # inverse regularisation strengths tried by cross-validation
+CV_FOLDS = 3
 LOGISTIC_MAX_ITER = 2000
 BASELINE_NAMES = ("majority", "logistic_regression", "best_fixed_option")
 # Metrics that mean something for each baseline (a one-hot policy has no useful NLL, Brier, ECE or RPS).
@@ -51,8 +53,9 @@ BASELINE_METRICS = {
 }
 DESCRIPTIONS = {
     "majority": "label frequencies per question in train (+1 per option); unseen question: uniform",
-    "logistic_regression": f"per-question logistic regression on the state vector (C={LOGISTIC_C}), fitted on "
-                           f"train; fewer than {MIN_LABELS} labels or one class: majority; unseen question: uniform",
+    "logistic_regression": f"per-question logistic regression on the state vector, C in {list(LOGISTIC_CS)} chosen "
+                           f"by {CV_FOLDS}-fold cross-validation on train; fewer than {MIN_LABELS} labels or one "
+                           "class: majority; unseen question: uniform",
     "best_fixed_option": "the option with the highest mean train reward per question, always; unseen: uniform",
 }
 
@@ -115,7 +118,8 @@ def _collect_train(train: Sequence[EncodedRecord]) -> dict[QuestionKey, _TrainQu
 def fit_baselines(table: EmbeddingTable, train: Sequence[EncodedRecord]) -> FittedBaselines:
     """Fit every baseline on ``train``; reads state vectors from ``table`` only (encodes nothing)."""
     from sklearn.exceptions import ConvergenceWarning
-    from sklearn.linear_model import LogisticRegression
+    from sklearn.linear_model import LogisticRegressionCV
+    from sklearn.model_selection import StratifiedKFold
 
     majority, logistic, best_option = {}, {}, {}
     notes: dict[str, list[str]] = defaultdict(list)
@@ -132,10 +136,17 @@ def fit_baselines(table: EmbeddingTable, train: Sequence[EncodedRecord]) -> Fitt
                 f"(needs {MIN_LABELS} and 2): majority used instead")
             continue
         states = table.vectors(entry.state_rows).numpy()
-        model = LogisticRegression(C=LOGISTIC_C, max_iter=LOGISTIC_MAX_ITER)
+        labels = np.asarray(entry.labels)
+        # Regularisation chosen by stratified cross-validation on train only (log-loss), so the
+        # baseline is as good as train alone can make it; validation/test are never looked at.
+        folds = StratifiedKFold(n_splits=int(min(CV_FOLDS, max(2, counts[classes].min()))), shuffle=True,
+                                random_state=0)
+        model = LogisticRegressionCV(Cs=LOGISTIC_CS, cv=folds, scoring="neg_log_loss", max_iter=LOGISTIC_MAX_ITER)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
-            model.fit(states, np.asarray(entry.labels))
+            warnings.simplefilter("ignore", UserWarning)  # "least populated class has only n members"
+            warnings.simplefilter("ignore", FutureWarning)  # scikit-learn 1.9 announcing 1.10 defaults
+            model.fit(states, labels)
         logistic[key] = (model, model.classes_.astype(np.int64), len(entry.labels))
     return FittedBaselines(majority, logistic, best_option, dict(notes))
 
