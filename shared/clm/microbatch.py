@@ -121,6 +121,9 @@ class MicroBatcher(ABC, Generic[P, R]):
             except BaseException:
                 self._slots.release()
                 raise
+            if not batch:  # every caller of this window left (cancelled) before it closed
+                self._slots.release()
+                continue
             task = asyncio.create_task(self._complete(batch))
             self._running.add(task)
             task.add_done_callback(self._running.discard)

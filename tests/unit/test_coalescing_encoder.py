@@ -159,3 +159,21 @@ def test_a_shared_batch_splits_its_tokens_by_one_rule(local):
     assert [r.prompt_tokens for r in results] == split_tokens(total, requests)
     assert split_tokens(12, [["", ""], ["abc"]]) == [4, 8]  # weights 2 and 4
     assert results[0].prompt_tokens > 0
+
+
+def test_callers_that_leave_are_not_encoded_and_the_batcher_keeps_serving(local):
+    counting = CountingBackend(local)
+
+    async def run():
+        encoder = CoalescingEncoder(counting, window_ms=50)
+        leaving = asyncio.create_task(encoder.encode(["a caller that leaves"]))
+        await asyncio.sleep(0.005)
+        leaving.cancel()
+        await asyncio.gather(leaving, return_exceptions=True)
+        staying = await encoder.encode(["a caller that stays"])
+        await encoder.close()
+        return staying
+
+    staying = asyncio.run(run())
+    assert staying.vectors.shape == (1, local.dim)
+    assert counting.batch_sizes == [1]  # only the caller that stayed reached the model

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 
+from .errors import error_body
+
 
 class BodyTooLarge(Exception):
     pass
@@ -68,8 +70,7 @@ class BodySizeLimitMiddleware:
 
     @staticmethod
     async def _refuse(send, status: int, message: str) -> None:
-        body = json.dumps({"error": {"message": message, "type": "RequestTooLarge" if status == 413 else
-                                     "BadRequestError", "param": None, "code": status}}).encode()
+        body = json.dumps(error_body(status, message)).encode()
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
