@@ -40,8 +40,9 @@ def write_data(folder: Path, train: int = 60, validation: int = 30, test: int = 
 def recipe_config(model_dir: Path | None = None, *, epochs: int = 3, name: str = "soc-heads",
                   backend: str = "local", data_prefix: str = "") -> dict[str, Any]:
     encoder: dict[str, Any] = {"backend": backend, "pooling": "last", "max_tokens": 256, "batch_size": 32}
-    if model_dir is not None:
-        encoder["model"] = str(model_dir)
+    # No folder given: the bundled MiniLM alias (the recipe's own default is Qwen3-Embedding-8B by name,
+    # which a trainer only accepts as a folder under its model root).
+    encoder["model"] = "minilm" if model_dir is None else str(model_dir)
     return {
         "mode": "train",
         "data": {split: f"data/{data_prefix}{split}.jsonl" for split in ("train", "validation", "test")},
