@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 PYTEST := .venv/bin/pytest
 
-.PHONY: setup test test-compose test-fast test-faults demo bench-loss bench-embedder bench-trainer bench-serve clean
+.PHONY: setup test test-compose test-fast test-faults demo bench-loss bench-embedder bench-trainer bench-serve bench-scale clean
 
 setup:
 	bash scripts/setup.sh
@@ -33,6 +33,9 @@ bench-trainer:
 
 bench-serve:
 	$(PY) bench/bench_serve.py
+
+bench-scale:  ## the data path at 10^4..10^6 records (load, texts, table, training, eval, RssAnon); ~20 min
+	$(PY) bench/bench_scale.py
 
 clean:
 	rm -rf var .pytest_cache .hypothesis

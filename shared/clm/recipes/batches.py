@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from clm.decision.batch import DecisionBatch, QuestionLogits, assemble_decision_batch
@@ -21,6 +22,7 @@ from clm.decision.targets import DecisionTargets
 from clm.embedding_table import EmbeddingTable
 from clm.heads import CLMHeadPair
 from clm.records import QuestionTarget, Record
+from clm.records.compact import CompactRecords
 from clm.texts import option_texts, state_texts
 
 
@@ -105,6 +107,47 @@ def encode_records(records: Sequence[Record], table: EmbeddingTable) -> list[Enc
             )
         encoded.append(EncodedRecord(record.id, float(record.weight), tuple(questions)))
     return encoded
+
+
+class EncodedSplit(Sequence[EncodedRecord]):
+    """A compact split (``clm.records.compact``) as a sequence of ``EncodedRecord``s, built on access.
+
+    Holds only arrays (table rows of every state and option text) and the
+    compact records; an ``EncodedRecord`` exists while a batch uses it, so a
+    split of 10^6 records costs tens of bytes per question, not kilobytes per
+    record. ``texts`` is the table's row-ordered text list (shared, not copied).
+    """
+
+    def __init__(self, compact: CompactRecords, row_of_text_id: np.ndarray, texts: Sequence[str]) -> None:
+        self.compact = compact
+        self.state_rows = row_of_text_id[compact.state_text_ids]
+        self.option_rows = row_of_text_id[compact.option_text_ids]
+        self._texts = texts
+
+    def __len__(self) -> int:
+        return len(self.compact)
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return [self._record(i) for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(f"record {index} is outside this split of {len(self)} records")
+        return self._record(index)
+
+    def _record(self, index: int) -> EncodedRecord:
+        compact, texts = self.compact, self._texts
+        questions = []
+        for position in compact.questions_of(index):
+            start, end = int(compact.option_offsets[position]), int(compact.option_offsets[position + 1])
+            option_rows = tuple(self.option_rows[start:end].tolist())
+            state_row = int(self.state_rows[position])
+            questions.append(EncodedQuestion(
+                target=compact.target(index, position), state_text=texts[state_row],
+                option_texts=tuple(texts[row] for row in option_rows), state_row=state_row,
+                option_rows=option_rows))
+        return EncodedRecord(compact.record_ids[index], float(compact.weights[index]), tuple(questions))
 
 
 def clm_batch(table: EmbeddingTable, records: Sequence[EncodedRecord], device: torch.device) -> HeadInputs:

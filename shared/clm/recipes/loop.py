@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,10 +48,19 @@ class EpochReport:
     value: float  # validation[eval_metric]
     is_best: bool
     skipped_steps: int = 0
+    seconds: float = 0.0  # the epoch's training steps (validation not included)
+    questions: int = 0  # questions the steps trained on
+    validation_seconds: float = 0.0
+
+    @property
+    def questions_per_s(self) -> float | None:
+        return round(self.questions / self.seconds, 1) if self.seconds > 0 else None
 
     def as_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "train": self.train, "validation": self.validation,
-                "value": self.value, "is_best": self.is_best, "skipped_steps": self.skipped_steps}
+                "value": self.value, "is_best": self.is_best, "skipped_steps": self.skipped_steps,
+                "seconds": self.seconds, "questions": self.questions, "questions_per_s": self.questions_per_s,
+                "validation_seconds": self.validation_seconds}
 
 
 @dataclass
@@ -113,9 +123,11 @@ def run_epochs(
         heads.train()
         order = torch.randperm(len(records), generator=shuffle).tolist()
         sums: dict[str, float] = {}
-        counted = skipped = 0
+        counted = skipped = questions = 0
+        started = time.perf_counter()
         for step in range(steps_per_epoch):
             batch = [records[i] for i in order[step * config.batch_size : (step + 1) * config.batch_size]]
+            questions += sum(len(record.questions) for record in batch)
             result = objective(heads, batch)
             if result is None:
                 skipped += 1
@@ -133,14 +145,17 @@ def run_epochs(
             loss_shown = {"loss": float(result[0].detach())} if result is not None else {}
             progress(ProgressEvent("training", done, total_steps, counters={"epoch": epoch, **loss_shown}))
 
+        seconds = time.perf_counter() - started
         heads.eval()
+        validation_started = time.perf_counter()
         validation = validate(heads)
+        validation_seconds = time.perf_counter() - validation_started
         value = float(validation[config.eval_metric])
         is_best = _is_better(value, best_value, config.higher_is_better)
         if is_best:
             best_state, best_value, best_epoch = _clone_state(heads), value, epoch
         report = EpochReport(epoch, {k: v / max(counted, 1) for k, v in sums.items()}, validation, value,
-                             is_best, skipped)
+                             is_best, skipped, round(seconds, 3), questions, round(validation_seconds, 3))
         history.append(report.as_dict())
         if state_path is not None:
             _save_state(state_path, {

@@ -136,6 +136,34 @@ def _baseline_notes(report: Mapping[str, Any]) -> str:
     return f"<h2>Baselines</h2><ul>{''.join(items)}</ul>{intervals}"
 
 
+def _timings_section(report: Mapping[str, Any]) -> str:
+    """Where the run's time went: loading, embedding, each epoch, each evaluation (clm.recipes ``timings``)."""
+    timings = report.get("timings") or {}
+    rows: list[tuple[str, Any, str]] = []
+    loading = timings.get("loading")
+    if loading:
+        rows.append(("loading and validating records", loading.get("seconds"),
+                     f"{loading.get('records')} records, {loading.get('texts')} distinct texts, "
+                     f"{_fmt(loading.get('records_per_s'))} records/s"))
+    embedding = timings.get("embedding")
+    if embedding:
+        rows.append(("embedding", embedding.get("seconds"),
+                     f"{embedding.get('texts_requested')} texts requested, {embedding.get('from_cache')} from cache, "
+                     f"{_fmt(embedding.get('texts_per_s'))} texts/s"))
+    for epoch in timings.get("epochs") or []:
+        rows.append((f"epoch {epoch.get('epoch')}", epoch.get("seconds"),
+                     f"{epoch.get('questions')} questions, {_fmt(epoch.get('questions_per_s'))} questions/s; "
+                     f"validation {_fmt(epoch.get('validation_seconds'))} s"))
+    for evaluation in timings.get("evaluation") or []:
+        rows.append((f"evaluation: {evaluation.get('split')}", evaluation.get("seconds"),
+                     f"{evaluation.get('records')} records, {evaluation.get('questions')} questions"))
+    if not rows:
+        return ""
+    body = "".join(f"<tr><td>{html.escape(name)}</td><td>{_fmt(seconds)}</td><td>{html.escape(detail)}</td></tr>"
+                   for name, seconds, detail in rows)
+    return f"<h2>Where the time went</h2><table><tr><th>phase</th><th>seconds</th><th>what</th></tr>{body}</table>"
+
+
 def render_html(report: Mapping[str, Any]) -> str:
     """A self-contained page (images are the PNGs beside it)."""
     before = report.get("before", {})
@@ -159,6 +187,7 @@ th:first-child, td:first-child {{ text-align: left; }}
 </style></head><body>
 <h1>CLM heads report</h1>
 <table>{summary_rows}</table>
+{_timings_section(report)}
 {_baseline_notes(report)}
 {sections}
 </body></html>

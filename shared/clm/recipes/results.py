@@ -31,6 +31,7 @@ class RunResult:
     best_epoch: int | None = None
     checkpoint: PublishedVersion | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
+    timings: dict[str, Any] = field(default_factory=dict)  # loading, embedding, epochs, evaluation (seconds, rates)
 
     def as_dict(self) -> dict[str, Any]:
         checkpoint = None if self.checkpoint is None else {
@@ -38,4 +39,5 @@ class RunResult:
             "path": str(self.checkpoint.path), "sha256": self.checkpoint.sha256,
         }
         return {"mode": self.mode, "texts_total": self.texts_total, "texts_embedded": self.texts_embedded,
-                "report": str(self.report_path), "best_epoch": self.best_epoch, "checkpoint": checkpoint}
+                "report": str(self.report_path), "best_epoch": self.best_epoch, "checkpoint": checkpoint,
+                "timings": self.timings}

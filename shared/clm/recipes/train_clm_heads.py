@@ -36,10 +36,12 @@ import hashlib
 import json
 import logging
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from clm.checkpoint import LoadedCheckpoint, PublishedVersion, load_checkpoint, resolve_latest
@@ -51,10 +53,11 @@ from clm.encoders.base import EncoderError
 from clm.encoders.local import resolve_device
 from clm.encoders.model_identity import fingerprint_for_model_dir, model_hidden_size
 from clm.heads import CLMHeadPair
-from clm.records import QuestionTarget, Record, load_records
+from clm.records import QuestionTarget, Record
+from clm.records.compact import TextIds, load_compact
 from clm.records.loader import parse_record
 from clm.recipes import embed_phase, embedding, shards
-from clm.recipes.batches import EncodedRecord, collect_clm_texts, collect_option_texts, encode_records
+from clm.recipes.batches import EncodedRecord, EncodedSplit, encode_records
 from clm.recipes.batches import forward_identified
 from clm.recipes.config import ConfigError, RecipeConfig, load_config
 from clm.recipes.overrides import OverrideError, split_config_argument
@@ -121,8 +124,13 @@ class TrainCLMHeadsRecipe:
         self.on_epoch_end = on_epoch_end
         self.device = resolve_device(cfg.device)
         self.rank = RankInfo()
-        self.records: dict[str, list[Record]] = {}
-        self.encoded: dict[str, list[EncodedRecord]] = {}
+        # Per split, the records as compact arrays viewed as EncodedRecords (clm.recipes.batches.EncodedSplit):
+        # ``records`` and ``encoded`` are the same objects once setup() has run.
+        self.records: dict[str, EncodedSplit] = {}
+        self.encoded: dict[str, EncodedSplit] = {}
+        self.option_texts: list[str] = []  # every option text of every split: clm-serve pre-projects them
+        # Where the time went (report "timings", job events): loading, embedding, epochs, evaluation.
+        self.timings: dict[str, Any] = {"epochs": [], "evaluation": []}
         self.contract: EmbeddingContract | None = None
         self.init_checkpoint: LoadedCheckpoint | None = None
         self.texts: list[str] = []
@@ -140,14 +148,26 @@ class TrainCLMHeadsRecipe:
         data = self.cfg.data
         # Eval runs load train too: the report's baselines are fitted on it (clm.comparison).
         splits = {"train": data.train, "validation": data.validation, "test": data.test}
-        self.records = {split: load_records(path) for split, path in splits.items() if path is not None}
+        started = time.perf_counter()
+        text_ids = TextIds()  # texts deduplicated while the files stream (clm.records.compact)
+        compact = {split: load_compact(path, text_ids) for split, path in splits.items() if path is not None}
+        seconds = time.perf_counter() - started
+        records = sum(len(split) for split in compact.values())
+        self.timings["loading"] = {"records": records, "questions": sum(s.question_count for s in compact.values()),
+                                   "texts": len(text_ids), "seconds": round(seconds, 3),
+                                   "records_per_s": round(records / seconds, 1) if seconds > 0 else None}
         self.contract = self._embedding_config()
         if self.cfg.heads.init_checkpoint is not None:
             self.init_checkpoint = _load_init_checkpoint(self.cfg.heads.init_checkpoint)
             self._check_checkpoint_contract(self.init_checkpoint)
-        self.texts = collect_clm_texts(record for records in self.records.values() for record in records)
+        self.texts = sorted(text_ids.texts)
         self.table = self._embed_all(self.texts)
-        self.encoded = {split: encode_records(records, self.table) for split, records in self.records.items()}
+        rows = self.table.rows_of(text_ids.texts)  # text id -> table row, one array for every split
+        row_texts = self.texts if len(self.table) == len(self.texts) else self.table.texts
+        self.encoded = {split: EncodedSplit(split_records, rows, row_texts) for split, split_records in compact.items()}
+        self.records = self.encoded
+        option_rows = np.unique(np.concatenate([split.option_rows for split in self.encoded.values()]))
+        self.option_texts = [row_texts[row] for row in option_rows.tolist()]
 
     def _embedding_config(self) -> EmbeddingContract:
         """Fingerprint and width of the configured encoder, without loading a local model."""
@@ -221,7 +241,9 @@ class TrainCLMHeadsRecipe:
         texts = sorted(set(texts))
         if not texts:
             raise ConfigError("there are no texts to embed: the data splits hold no questions")
+        started = time.perf_counter()
         path = self._cache_path(texts)
+        self._table_key = path.name
         self.texts_total = len(texts)
         fingerprint = self.contract.fingerprint.digest  # type: ignore[union-attr]  (set by _cache_path)
         found, failure = None, None
@@ -237,10 +259,14 @@ class TrainCLMHeadsRecipe:
             self.texts_embedded = 0
             self.embedding_ranks = [{"rank": r, "chunks": [], "texts": 0, "texts_embedded": 0}
                                     for r in range(self.rank.world_size)]
-            self.progress(ProgressEvent("embedding", len(texts), len(texts), counters={"texts_embedded": 0}))
+            table = self._open_table(Path(found), fingerprint, path)
             logger.info("%s: embedding table %s holds all %d texts; nothing to encode", self.rank, found, len(texts))
-            return self._open_table(Path(found), fingerprint, path)
-        return self._build_table(texts, path)
+        else:
+            table = self._build_table(texts, path)
+        self.timings["embedding"] = timing = embedding_timing(len(texts), self.texts_embedded, started)
+        self.progress(ProgressEvent("embedding", len(texts), len(texts), counters={
+            "texts_embedded": self.texts_embedded, **{k: timing[k] for k in ("from_cache", "seconds", "texts_per_s")}}))
+        return table
 
     def _build_table(self, texts: list[str], path: Path) -> EmbeddingTable:
         """Encode this rank's chunks, then (rank 0) assemble the shards into the table at ``path``."""
@@ -301,6 +327,8 @@ class TrainCLMHeadsRecipe:
         """Records as the scoring code needs them: ``Record`` objects, record dicts (the JSONL form, as
         the documents pass them) or already-encoded records; every text must be in the table."""
         assert self.table is not None, "call setup() first: records are scored from the embedding table"
+        if isinstance(records, EncodedSplit):
+            return records
         encoded: list[EncodedRecord] = []
         for index, record in enumerate(records):
             if isinstance(record, EncodedRecord):
@@ -332,9 +360,13 @@ class TrainCLMHeadsRecipe:
         encoded = self._encoded_records(records)
         if label:
             self.progress(ProgressEvent("evaluating", 0, len(encoded), label))
+        started = time.perf_counter()
         scored = score_records(heads, self.table, encoded, self.device, batch_size)
+        seconds = round(time.perf_counter() - started, 3)
         if label:
-            self.progress(ProgressEvent("evaluating", len(encoded), len(encoded), label))
+            self.timings["evaluation"].append({"split": label, "records": len(encoded), "questions": len(scored),
+                                               "seconds": seconds})
+            self.progress(ProgressEvent("evaluating", len(encoded), len(encoded), label, counters={"seconds": seconds}))
         return scored
 
     def evaluate(
@@ -378,7 +410,8 @@ class TrainCLMHeadsRecipe:
         """Identity of a run for resuming: everything that shapes training (not where outputs go)."""
         config = self.cfg.to_json_dict()
         config.pop("output")
-        payload = json.dumps({"config": config, "texts": self._cache_path(self.texts).name}, sort_keys=True)
+        table_key = getattr(self, "_table_key", None) or self._cache_path(self.texts).name
+        payload = json.dumps({"config": config, "texts": table_key}, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()
 
     def _train(self, heads: CLMHeadPair) -> CLMHeadPair:
@@ -396,11 +429,18 @@ class TrainCLMHeadsRecipe:
         self.outcome = run_epochs(
             heads, self.encoded["train"], objective, sample_generator, train, validate,
             run_digest=self._run_digest(), progress=self.progress, resume_dir=self.resume_dir,
-            on_epoch_end=self.on_epoch_end,
+            on_epoch_end=self._epoch_ended,
         )
         best = copy.deepcopy(heads)
         best.load_state_dict(self.outcome.best_state)
         return best.eval()
+
+    def _epoch_ended(self, report: EpochReport) -> None:
+        self.timings["epochs"].append({"epoch": report.epoch, "seconds": report.seconds, "questions": report.questions,
+                                       "questions_per_s": report.questions_per_s,
+                                       "validation_seconds": report.validation_seconds})
+        if self.on_epoch_end is not None:
+            self.on_epoch_end(report)
 
     # ---------------------------------------------------------------- report and publish
     def _write_report(self, before: dict[str, list[ScoredQuestion]], after: dict[str, list[ScoredQuestion]] | None,
@@ -430,6 +470,7 @@ class TrainCLMHeadsRecipe:
             "checkpoint": None if checkpoint is None else {
                 "path": str(checkpoint.path), "version": checkpoint.label, "sha256": checkpoint.sha256},
             "diagrams": diagrams,
+            "timings": self.timings,
         }
         report.update(worth_it_sections(self.table, self.encoded.get("train"), self.encoded, before, after))
         return write_report(report_dir, report)
@@ -465,9 +506,8 @@ class TrainCLMHeadsRecipe:
         """The irreversible step of publishing (a hook: the trainer service adds its publish-once guard)."""
         assert self.contract is not None
         parent = None if self.init_checkpoint is None else self.init_checkpoint.sha256
-        options = collect_option_texts(record for records in self.records.values() for record in records)
         return publish_heads(self.cfg.output.checkpoint_root, self.cfg.output.name, heads.cpu(),
-                             self.contract.fingerprint, metrics=metrics, parent=parent, option_texts=options)
+                             self.contract.fingerprint, metrics=metrics, parent=parent, option_texts=self.option_texts)
 
     # ---------------------------------------------------------------- the run
     def run_train_validation_loop(self) -> None:
@@ -498,8 +538,15 @@ class TrainCLMHeadsRecipe:
             report_path=report_path, before=metrics_by_split(before),
             after=None if after is None else metrics_by_split(after),
             best_epoch=None if outcome is None else outcome.best_epoch, checkpoint=checkpoint,
-            history=[] if outcome is None else outcome.history,
+            history=[] if outcome is None else outcome.history, timings=self.timings,
         )
+
+
+def embedding_timing(texts: int, texts_embedded: int, started: float) -> dict[str, Any]:
+    """The embed phase in numbers: texts requested, answered by a cached table or vector cache, s, texts/s."""
+    seconds = time.perf_counter() - started
+    return {"texts_requested": texts, "texts_embedded": texts_embedded, "from_cache": texts - texts_embedded,
+            "seconds": round(seconds, 3), "texts_per_s": round(texts / seconds, 1) if seconds > 0 else None}
 
 
 def _load_init_checkpoint(path: Path) -> LoadedCheckpoint:

@@ -119,9 +119,21 @@ def load_records(path: str | os.PathLike[str]) -> list[Record]:
     invalid records, duplicate record ids, no records at all) and returns
     nothing partial. A missing file raises ``FileNotFoundError``.
     """
+    return list(iter_records(path))
+
+
+def iter_records(path: str | os.PathLike[str]) -> Iterator[Record]:
+    """The valid records of a file, one at a time, under exactly ``load_records``' rules.
+
+    The one reader of records files: ``load_records`` lists what it yields and
+    ``clm.records.compact`` compacts each record and drops it, so a large file
+    never exists as a list of pydantic objects. Problems are collected while
+    reading on; once the file is read, any problem raises one ``RecordError``
+    naming all of them, so a consumer must discard what it built when the
+    iteration raises (nothing partial is ever valid).
+    """
     path = Path(path)
     source = str(path)
-    records: list[Record] = []
     problems: list[RecordProblem] = []
     first_line_of_id: dict[str, int] = {}
     last_line = 0
@@ -140,15 +152,15 @@ def load_records(path: str | os.PathLike[str]) -> list[Record]:
                 problems.append(RecordProblem(source, line_number, record.id, "id", reason))
                 continue
             first_line_of_id[record.id] = line_number
-            records.append(record)
+            if not problems:  # once the file is known bad, nothing more is handed out
+                yield record
     except (gzip.BadGzipFile, EOFError, zlib.error) as error:
         reason = f"the gzip stream is corrupt or truncated ({error})"
         problems.append(RecordProblem(source, last_line + 1, None, None, reason))
     if problems:
         raise RecordError(problems)
-    if not records:
+    if not first_line_of_id:
         raise RecordError([RecordProblem(source, 0, None, None, "the file holds no records")])
-    return records
 
 
 def _read_line(raw: bytes, source: str, line_number: int) -> Record | list[RecordProblem] | None:

@@ -91,10 +91,18 @@ def loads_strict(text: str) -> Any:
 
     Plain syntax errors are raised as ``json.JSONDecodeError`` (a ValueError).
     """
+    duplicates_seen: list[bool] = []
+
+    def pairs_to_dict(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        result = _pairs_to_dict(pairs)
+        if isinstance(result, _DictWithDuplicates):
+            duplicates_seen.append(True)
+        return result
+
     try:
         value = json.loads(
             text,
-            object_pairs_hook=_pairs_to_dict,
+            object_pairs_hook=pairs_to_dict,
             parse_constant=_refuse_constant,
             parse_float=_finite_float,
         )
@@ -102,7 +110,9 @@ def loads_strict(text: str) -> Any:
         # The hooks do not know the path; the lenient reader (which turns
         # NaN/Infinity/1e999 into floats) lets us find it for the message.
         raise FieldProblem(_find_non_finite(json.loads(text), "") or "", str(problem)) from None
-    duplicate = _find_duplicates(value, "")
+    # The walk that finds the duplicate's path runs only for a document that has one: it
+    # cost a fifth of the loader's time on every valid line (bench/bench_scale.py).
+    duplicate = _find_duplicates(value, "") if duplicates_seen else None
     if duplicate is not None:
         raise duplicate
     return value

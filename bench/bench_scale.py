@@ -1,0 +1,251 @@
+"""The data path at 10^4, 10^5 and 10^6 training records: load, texts, table, training, evaluation, memory.
+
+A benchmark, not a test (``make bench-scale``). Records come from the
+project's SOC-triage generator (``clm.synthetic``), written once under
+``var/bench-scale/`` and reused. Each size runs in its own subprocess (so its
+memory is its own) through the recipe's own data path:
+
+* **load**: ``clm.records.compact.load_compact`` (every rule of the loader,
+  records kept as arrays, texts deduplicated while streaming);
+* **texts**: the run's sorted text set and its digest (the table's cache key);
+* **table**: an ``EmbeddingTable`` of every text at ``--dim`` (1024), the
+  vectors drawn from a seeded normal generator instead of an encoder, so the
+  measure is the data path and not the encoder;
+* **train**: SFT steps exactly as ``clm.recipes.loop.run_epochs`` takes them
+  (``DecisionObjective`` + fused AdamW, batch 64 records, shuffled over the
+  whole split, so every batch gathers random rows of the memory-mapped
+  table): a full epoch at 10^4, the first ``--steps`` (300) steps above;
+* **eval**: ``score_records`` over 10^4 records of the split.
+
+Peak anonymous memory (``RssAnon``: the process's own heap, not the page
+cache that maps the table) is sampled every 20 ms per phase. The last line is
+one JSON object; ``targets`` restates what issue 13 asks for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_SIZES = (10_000, 100_000, 1_000_000)
+GENERATOR_CHUNK = 10_000
+EVAL_RECORDS = 10_000
+TARGETS = {"records_per_s_load": ">= 50000 at 1e6", "rss_anon_gb_at_1e6": "<= 4",
+           "train_questions_per_s_ratio_1e6_vs_1e4": ">= 0.8"}
+
+
+def log(message: str) -> None:
+    print(f"[bench-scale {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------ data
+def records_file(workdir: Path, n_records: int, largest: int) -> Path:
+    """``n_records`` generated records: the first lines of the largest file (generated once, then reused)."""
+    from clm.synthetic import generate_soc_triage
+
+    full = workdir / f"soc-triage-{largest}.jsonl"
+    if not full.is_file():
+        log(f"generating {largest} SOC-triage records into {full} (once; reused by later runs)")
+        partial = full.with_name(full.name + ".partial")
+        with partial.open("w", encoding="utf-8") as stream:
+            for chunk in range(0, largest, GENERATOR_CHUNK):
+                size = min(GENERATOR_CHUNK, largest - chunk)
+                for record in generate_soc_triage(size, f"bench-scale/{chunk}", id_prefix=f"soc-{chunk // GENERATOR_CHUNK:05d}"):
+                    stream.write(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n")
+        os.replace(partial, full)
+    if n_records == largest:
+        return full
+    part = workdir / f"soc-triage-{n_records}-of-{largest}.jsonl"
+    if not part.is_file():
+        with full.open("rb") as source, part.open("wb") as target:
+            for _, line in zip(range(n_records), source):
+                target.write(line)
+    return part
+
+
+# ------------------------------------------------------------------ memory
+def rss_anon_bytes() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("/proc/self/status has no RssAnon (Linux only)")
+
+
+class PeakSampler:
+    """Samples RssAnon every 20 ms on a thread; ``reset`` starts a new phase's peak."""
+
+    def __init__(self) -> None:
+        self.peak = rss_anon_bytes()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.02):
+            self.peak = max(self.peak, rss_anon_bytes())
+
+    def reset(self) -> None:
+        self.peak = rss_anon_bytes()
+
+    def read(self) -> int:
+        self.peak = max(self.peak, rss_anon_bytes())
+        return self.peak
+
+
+# ------------------------------------------------------------------ one size, in its own process
+def run_size(data: Path, workdir: Path, dim: int, steps: int, seed: int) -> dict:
+    import numpy as np
+    import torch
+
+    from clm.embedding_table import EmbeddingTable
+    from clm.heads import CLMHeadPair, HeadConfig
+    from clm.recipes.batches import EncodedSplit
+    from clm.recipes.config import LossConfig, TrainConfig
+    from clm.recipes.embedding import text_set_digest
+    from clm.recipes.evaluation import score_records
+    from clm.recipes.objectives import DecisionObjective
+    from clm.records.compact import TextIds, load_compact
+
+    sampler = PeakSampler()
+    phases: dict[str, dict] = {}
+
+    @contextmanager
+    def phase(name: str):
+        sampler.reset()
+        started = time.perf_counter()
+        entry: dict = {}
+        yield entry
+        entry["seconds"] = round(time.perf_counter() - started, 3)
+        entry["peak_rss_anon_gb"] = round(sampler.read() / 2**30, 3)
+        phases[name] = entry
+        log(f"{data.name}: {name}: {entry}")
+
+    with phase("load") as entry:
+        text_ids = TextIds()
+        compact = load_compact(data, text_ids)
+        entry.update(records=len(compact), questions=compact.question_count, texts=len(text_ids),
+                     compact_bytes=compact.nbytes())
+    entry["records_per_s"] = round(len(compact) / entry["seconds"], 1)
+
+    with phase("texts") as entry:
+        texts = sorted(text_ids.texts)
+        entry["text_set_digest"] = text_set_digest(texts)[:16]
+        entry["text_bytes"] = sum(len(text.encode()) for text in texts)
+
+    table_bytes = len(texts) * dim * 2
+    free = shutil.disk_usage(workdir).free
+    if free < table_bytes * 1.1 + 2**30:
+        raise SystemExit(f"{workdir} has {free / 2**30:.1f} GB free; a {len(texts)} x {dim} table needs "
+                         f"{table_bytes / 2**30:.1f} GB plus 1 GB to spare")
+    table_path = workdir / f"table-{len(compact)}"
+    shutil.rmtree(table_path, ignore_errors=True)
+    try:
+        with phase("table") as entry:
+            generator = np.random.default_rng(seed)
+            with EmbeddingTable.create(table_path, texts, dim, "bench-scale-seeded-normal") as writer:
+                for start in range(0, len(texts), 16384):
+                    end = min(start + 16384, len(texts))
+                    vectors = generator.standard_normal((end - start, dim), dtype=np.float32)
+                    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+                    writer.write(np.arange(start, end), vectors)
+                table = writer.finalize()
+            rows = table.rows_of(text_ids.texts)
+            split = EncodedSplit(compact, rows, texts)
+            del text_ids
+            entry.update(rows=len(table), dim=dim, table_gb=round((table_path / "vectors.npy").stat().st_size / 2**30, 3),
+                         vectors="seeded standard normal, L2-normalised, stored float16")
+
+        torch.manual_seed(seed)
+        device = torch.device("cpu")
+        train = TrainConfig()
+        heads = CLMHeadPair(HeadConfig(encoder_dim=dim), seed=seed)
+        shuffle = torch.Generator().manual_seed(train.seed)
+        objective = DecisionObjective(LossConfig().decision_loss_config(), table, device, {}, None,
+                                      torch.Generator().manual_seed(train.seed + 1))
+        optimizer = torch.optim.AdamW(heads.parameters(), lr=train.lr, weight_decay=train.weight_decay, fused=True)
+        epoch_steps = -(-len(split) // train.batch_size)
+        planned = epoch_steps if len(split) <= EVAL_RECORDS else min(steps, epoch_steps)
+        with phase("train") as entry:
+            order = torch.randperm(len(split), generator=shuffle).tolist()
+            questions = 0
+            for step in range(planned):
+                batch = [split[i] for i in order[step * train.batch_size:(step + 1) * train.batch_size]]
+                questions += sum(len(record.questions) for record in batch)
+                result = objective(heads, batch)
+                if result is None:
+                    continue
+                loss, _ = result
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(heads.parameters(), train.max_grad_norm)
+                optimizer.step()
+            entry.update(steps=planned, batch_records=train.batch_size, questions=questions,
+                         full_epoch=planned == epoch_steps)
+        entry["questions_per_s"] = round(questions / entry["seconds"], 1)
+
+        with phase("eval") as entry:
+            subset = split[: min(EVAL_RECORDS, len(split))]
+            scored = score_records(heads, table, subset, device, train.eval_batch_size)
+            entry.update(records=len(subset), questions=len(scored))
+        entry["questions_per_s"] = round(entry["questions"] / entry["seconds"], 1)
+    finally:
+        shutil.rmtree(table_path, ignore_errors=True)
+    return {"records": len(compact), "texts": len(texts), "threads": torch.get_num_threads(), "phases": phases,
+            "peak_rss_anon_gb": max(p["peak_rss_anon_gb"] for p in phases.values())}
+
+
+# ------------------------------------------------------------------ driver
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=lambda text: [int(float(s)) for s in text.split(",")],
+                        default=list(DEFAULT_SIZES), help="comma-separated record counts (1e4,1e5,1e6)")
+    parser.add_argument("--dim", type=int, default=1024, help="encoder width of the table")
+    parser.add_argument("--steps", type=int, default=300, help="training steps above 10^4 records")
+    parser.add_argument("--workdir", type=Path, default=ROOT / "var" / "bench-scale")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--one", type=Path, help=argparse.SUPPRESS)  # child: one size, prints its JSON
+    args = parser.parse_args()
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    if args.one is not None:
+        print(json.dumps(run_size(args.one, args.workdir, args.dim, args.steps, args.seed)), flush=True)
+        return
+
+    started = time.perf_counter()
+    largest = max(args.sizes)
+    by_size: dict[int, dict] = {}
+    for n_records in sorted(args.sizes):
+        data = records_file(args.workdir, n_records, largest)
+        command = [sys.executable, __file__, "--one", str(data), "--dim", str(args.dim), "--steps", str(args.steps),
+                   "--workdir", str(args.workdir), "--seed", str(args.seed)]
+        output = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True).stdout
+        by_size[n_records] = json.loads(output.strip().splitlines()[-1])
+    small, big = by_size[min(by_size)], by_size[max(by_size)]
+    summary = {
+        "sizes": {str(n): result for n, result in by_size.items()},
+        "encoder_dim": args.dim,
+        "table_vectors": "seeded standard normal (numpy default_rng), L2-normalised, float16 on disk; no encoder",
+        "largest": largest,
+        "records_per_s_load": big["phases"]["load"]["records_per_s"],
+        "rss_anon_gb_at_1e6": big["peak_rss_anon_gb"],
+        "train_questions_per_s_ratio_1e6_vs_1e4": round(
+            big["phases"]["train"]["questions_per_s"] / small["phases"]["train"]["questions_per_s"], 3),
+        "table_gb_at_1e6": big["phases"]["table"]["table_gb"],
+        "seconds": {str(n): {name: p["seconds"] for name, p in result["phases"].items()} for n, result in by_size.items()},
+        "total_seconds": round(time.perf_counter() - started, 1),
+        "targets": TARGETS,
+    }
+    print(json.dumps(summary), flush=True)
+
+
+if __name__ == "__main__":
+    main()
