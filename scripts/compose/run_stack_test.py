@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import sys
@@ -43,6 +44,7 @@ DATA = "/srv/clm/data/examples/data/soc_triage"  # the bundled records, inside t
 HEADS_NAME = "soc-triage"  # docker-compose.yml's CLM_SERVE_HEADS_NAME default
 CLM_SERVICES = ("embedder", "trainer-api", "trainer-worker", "clm-serve", "vllm")
 JOB_TIMEOUT_S = 900
+MIN_FREE_GB = int(os.environ.get("CLM_COMPOSE_MIN_FREE_GB", "45"))
 
 
 def free_port() -> int:
@@ -165,6 +167,11 @@ class StackTest:
             time.sleep(1)
         raise AssertionError(f"trainer API did not list jobs within {timeout_s:.0f} s")
 
+    def note_disk(self) -> None:
+        """The least free disk seen at the checkpoints (vfs: the scale-2 stack is the peak)."""
+        free = round(shutil.disk_usage(REPO_ROOT).free / 2**30, 1)
+        self.figures["disk_free_min_gib"] = min(free, self.figures.get("disk_free_min_gib", free))
+
     # ---- the story ---------------------------------------------------------------------------
 
     def run(self) -> None:
@@ -172,6 +179,7 @@ class StackTest:
         self.stack.compose("up", "-d", "--wait", "--wait-timeout", "900", timeout=1000)
         self.figures["up_seconds"] = round(time.monotonic() - started, 1)
         log(f"stack healthy in {self.figures['up_seconds']} s")
+        self.note_disk()
 
         init = None
         if self.served_version() is None:
@@ -187,6 +195,7 @@ class StackTest:
         self.ask_systemone(version)
 
         self.stack.compose("up", "-d", "--wait", "--wait-timeout", "600", "--scale", "trainer-worker=2", timeout=700)
+        self.note_disk()
         self.run_job("eval", self.job_config("sft", sft["result"]["checkpoint"]["path"], mode="eval"))
         self.check_users_and_ports()
 
@@ -200,7 +209,7 @@ class StackTest:
         self.stack.compose("down", timeout=300)
         self.stack.compose("up", "-d", "--wait", "--wait-timeout", "600", timeout=700)
         assert self.jobs_listed() == before, "jobs lost across down/up"
-        assert self.served_version() == version, "the served heads did not survive down/up"
+        self.wait_served(version)  # the published heads survived down/up in the clm-data volume
         rerun = self.run_job("sft-rerun", self.job_config("sft", init))
         self.figures["texts_embedded_rerun"] = rerun["result"]["texts_embedded"]
         assert rerun["result"]["texts_embedded"] == 0, f"rerun embedded {rerun['result']['texts_embedded']} texts"
@@ -236,11 +245,18 @@ def main() -> int:
             stack.import_base_images(tools["ROOTFS_TAR"])
         stack.compose("down", "--volumes", "--remove-orphans", timeout=300)  # a clean start, also after a crash
 
+        free_gb = shutil.disk_usage(work).free / 2**30
+        if free_gb < MIN_FREE_GB:
+            raise RuntimeError(f"{free_gb:.0f} GiB free under {work}; the vfs images and containers need about "
+                               f"{MIN_FREE_GB} GiB (set CLM_COMPOSE_MIN_FREE_GB to override)")
         started = time.monotonic()
         log("building the images (docker compose build)")
         stack.compose("--progress", "plain", "build", timeout=3600, capture=False)
         figures["build_seconds"] = round(time.monotonic() - started, 1)
-        stack.docker("image", "prune", "--force")  # dangling layers of earlier builds (vfs copies them in full)
+        # vfs stores every layer, and every container's two layers, as full copies: drop the build
+        # stages (about 11 GB) before starting containers (about 26 GB at the scale-2 peak).
+        stack.docker("builder", "prune", "--all", "--force", timeout=900)
+        stack.docker("image", "prune", "--force")
         figures["image_sizes"] = stack.image_sizes()
 
         test = StackTest(stack, f"http://127.0.0.1:{trainer_port}", f"http://127.0.0.1:{serve_port}", token)

@@ -35,7 +35,7 @@ def run(cmd: list[str], *, env: dict[str, str] | None = None, timeout: float = 6
         capture: bool = True, input_text: str | None = None) -> subprocess.CompletedProcess:
     """Run a command; on failure raise with its output (the error names the command)."""
     result = subprocess.run(cmd, env=env, timeout=timeout, text=True, input=input_text, cwd=REPO_ROOT,
-                            stdout=subprocess.PIPE if capture else None, stderr=subprocess.STDOUT if capture else None)
+                            stdout=subprocess.PIPE if capture else sys.stderr, stderr=subprocess.STDOUT)
     if check and result.returncode != 0:
         tail = (result.stdout or "")[-6000:]
         raise RuntimeError(f"{' '.join(cmd[:6])} ... exited {result.returncode}\n{tail}")

@@ -731,7 +731,8 @@ def test_dockerfile_targets_are_non_root_with_healthchecks():
         stage = stages.get(target)
         assert stage is not None, f"no target {target}"
         assert stage["user"] and stage["user"].split(":")[0] not in {"root", "0"}, f"{target} runs as root"
-        assert stage["healthcheck"] and "/health" in stage["healthcheck"], f"{target} has no HEALTHCHECK"
+        probe = "/v1/heads" if target == "serve" else "/health"  # serve: liveness (503 /health until heads exist)
+        assert stage["healthcheck"] and probe in stage["healthcheck"], f"{target} has no HEALTHCHECK on {probe}"
         assert stage["cmd"][0] in scripts, f"{target}: CMD {stage['cmd']} is not a console script"
     assert "pip-install.sh --no-deps /src" in text
     # The CPU torch by default, pinned with its local label: a missing CPU wheel fails the build
