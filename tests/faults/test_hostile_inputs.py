@@ -315,6 +315,9 @@ def test_invalid_utf8_and_lone_surrogates(fault_report, stack, http):
                           json={**TRIAGE_REQUEST, "request_id": "a\r\nSet-Cookie: x=1"})
     assert "set-cookie" not in response.headers and "x-request-id" not in response.headers
     assert response.json()["id"] == "decision-a\r\nSet-Cookie: x=1"
+    # A trailing newline only (found by the OpenAPI fuzzer: h11 refused the header and dropped the connection).
+    response = cases.post("serve: request_id ending in LF", serve, 200, json={**TRIAGE_REQUEST, "request_id": "d\n"})
+    assert "x-request-id" not in response.headers and response.json()["id"] == "decision-d\n"
     cases.record(fault_report)
     assert stack.alive()
 

@@ -55,6 +55,10 @@ async def test_answers_have_vllms_shape_field_by_field(tmp_path, tiny_model_dir,
         assert body["diagnostics"] == {qid: {"label_mass": 1.0, "argmax_is_label": True} for qid in body["answers"]}
         assert body["usage"]["input_tokens"] > 0 and body["usage"]["output_tokens"] == 0
 
+        # A request_id that cannot be a header value (here a trailing newline) stays in the body only.
+        response = await client.post("/v1/systemone", json={**TRIAGE_REQUEST, "request_id": "d\n"})
+        assert response.status_code == 200 and "x-request-id" not in response.headers
+        assert response.json()["id"] == "decision-d\n"
         # X-Request-Id wins over the body's request_id, as in vLLM.
         response = await client.post("/v1/systemone", json=TRIAGE_REQUEST, headers={"X-Request-Id": "abc"})
         assert response.json()["id"] == "decision-abc"

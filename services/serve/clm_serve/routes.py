@@ -39,7 +39,7 @@ async def create_structured_decision(body: StructuredDecisionRequest, raw_reques
     request_id = response.id.removeprefix("decision-")
     # The body's request_id is any string; one that cannot be a header value (CR/LF, control or
     # non-ASCII characters) stays in the body only, instead of breaking the response.
-    if _HEADER_VALUE.match(request_id):
+    if _HEADER_VALUE.fullmatch(request_id):  # fullmatch: `$` alone would let a trailing "\n" through
         headers["X-Request-Id"] = request_id
     return JSONResponse(content=response.model_dump(), headers=headers)
 
