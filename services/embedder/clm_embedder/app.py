@@ -5,6 +5,9 @@ from __future__ import annotations
 import contextlib
 
 from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from clm.encoders.base import ENCODER_DIGEST_HEADER
 
 from clm_http.errors import install_error_handlers
 from clm_http.limits import BodySizeLimitMiddleware
@@ -14,6 +17,29 @@ from .metrics import EmbedderMetrics
 from .routes import router
 from .settings import EmbedderSettings
 from .state import EmbedderState
+
+
+class EncoderDigestMiddleware:
+    """Names the encoder on every HTTP response (``X-CLM-Encoder: <fingerprint digest>``), errors included,
+    so a client checks each answer rather than trusting an identity read once (an embedder restarted with
+    another model is caught on its first response). Pure ASGI: no body buffering."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        state = getattr(scope["app"].state, "embedder", None) if "app" in scope else None
+
+        async def send_with_digest(message: Message) -> None:
+            if message["type"] == "http.response.start" and state is not None:
+                digest = state.backend.fingerprint.digest.encode("ascii")
+                message["headers"] = [*message.get("headers", []), (ENCODER_DIGEST_HEADER.lower().encode(), digest)]
+            await send(message)
+
+        await self.app(scope, receive, send_with_digest)
 
 
 def create_app(settings: EmbedderSettings | None = None) -> FastAPI:
@@ -38,4 +64,5 @@ def create_app(settings: EmbedderSettings | None = None) -> FastAPI:
     # Outermost, so it counts every answer, the body limit's 413s and the pre-checks' 4xx included.
     app.add_middleware(RequestMetricsMiddleware, requests=metrics.requests, latency=metrics.request_seconds,
                        errors=metrics.errors, paths={"/v1/embeddings"})
+    app.add_middleware(EncoderDigestMiddleware)  # outermost of all: every response names its encoder
     return app

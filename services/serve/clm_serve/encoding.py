@@ -69,4 +69,7 @@ def _open_remote(settings: ServeSettings) -> EncoderBackend:
         openai_strict=True,
         # Vectors are rounded to float16 before the heads anyway (embedding_round_to): half the bytes on the wire.
         embed_dtype=settings.embedding_round_to,
+        # Every answer must name this fingerprint's digest: an embedder restarted with another model
+        # raises EncoderChanged on its first answer instead of feeding these heads foreign vectors.
+        require_digest_header=True,
     )

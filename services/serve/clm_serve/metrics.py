@@ -60,5 +60,9 @@ class ServeMetrics:
             "clm_serve_option_texts_encoded", "Option texts sent to the encoder (not yet in the option store).",
             registry=r,
         )
+        self.encoder_changes = Counter(
+            "clm_serve_encoder_changes", "Times the embedder answered with another encoder digest (heads unloaded, "
+            "identity reloaded).", registry=r,
+        )
         for outcome in ("success", "failure"):
             self.reloads.labels(outcome)

@@ -6,6 +6,13 @@ happen in a background task, while ``/health`` says what is missing and
 ``/v1/systemone`` answers 503 with the reason. An orchestrator therefore sees
 a live process that is not ready yet, instead of a port that refuses
 connections for a minute or a crash loop while the embedder starts.
+
+The embedder's identity is checked on every response (``X-CLM-Encoder``, see
+``VLLMEncoder``). When it changes, :meth:`ServeRuntime.encoder_changed` takes
+the encoder, engine and heads out of service at once (requests answer 503
+naming both digests) and runs start-up again: the identity is asked anew and
+only heads trained for it are loaded, so no answer is ever computed from one
+encoder's vectors with heads trained on another's.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 
-from clm.encoders.base import EncoderBackend, EncoderError
+from clm.encoders.base import EncoderBackend, EncoderChanged, EncoderError
 from clm.encoders.coalescing import CoalescingEncoder
 
 from clm_serve.action_cache import OptionEmbeddings
@@ -42,8 +49,9 @@ class ServeRuntime:
         self.encode_batcher: CoalescingEncoder | None = None
         self.startup_error: str | None = None
         self.fatal_error: str | None = None
-        self._stop = asyncio.Event()
+        self._run_stop = asyncio.Event()  # the current run's watchers' (see _run)
         self._task: asyncio.Task | None = None
+        self._retired: list = []  # components of a replaced encoder identity, closed at stop()
 
     @property
     def phase(self) -> str:
@@ -70,7 +78,7 @@ class ServeRuntime:
         self._task = asyncio.create_task(self._run(), name="clm-serve-runtime")
 
     async def stop(self) -> None:
-        self._stop.set()
+        self._run_stop.set()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -80,6 +88,38 @@ class ServeRuntime:
                 await batcher.close()
         if self.encoder is not None and self._owns_encoder:
             await self.encoder.aclose()
+        for component in self._retired:
+            with contextlib.suppress(Exception):
+                await (component.close() if hasattr(component, "close") else component.aclose())
+
+    def encoder_changed(self, error: EncoderChanged) -> None:
+        """The embedder now serves another encoder than ours: stop serving and start up again.
+
+        Called by the request that saw the foreign digest; the requests after it find
+        no encoder and answer 503 with this error until the new identity and heads
+        matching it are loaded. Idempotent: only the first report for the current
+        identity restarts anything. The old components are not closed here, since
+        requests still running on them must end with the same clean 503; ``stop``
+        closes them.
+        """
+        if self.encoder is None or self.encoder.fingerprint.digest != error.expected or not self.settings.embedder_url:
+            return
+        logger.error("%s: taking the heads out of service and reloading the encoder identity", error)
+        self.metrics.encoder_changes.inc()
+        self.metrics.heads_loaded.set(0)
+        old_task = self._task
+        self._retired += [c for c in (self.encode_batcher, self.encoder if self._owns_encoder else None) if c]
+        self.engine = self.manager = self.encode_batcher = self.encoder = None
+        self._owns_encoder = True  # the next encoder is opened here, from settings
+        self.startup_error = str(error)
+        self._task = asyncio.create_task(self._restart(old_task), name="clm-serve-runtime")
+
+    async def _restart(self, old_task: asyncio.Task | None) -> None:
+        if old_task is not None:  # its heads watcher belongs to the replaced identity
+            old_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await old_task
+        await self._run()
 
     async def _run(self) -> None:
         try:
@@ -106,13 +146,39 @@ class ServeRuntime:
                 logger.info("warm-up set: %d option texts from %s", len(warm), settings.warm_options_file)
             self.manager = HeadsManager(settings, self.encoder, self.engine, self.metrics, warm)
             await self.manager.reload("startup")
+            # An event of this run's own: cancelling watchfiles' awatch sets the event it watches with, and
+            # a replaced identity's watchers must not stop the next run's.
+            self._run_stop = run_stop = asyncio.Event()
+            watchers = [self._watch_identity(run_stop)] if settings.embedder_url else []
             if settings.ckpt is None:
-                await self.manager.watch(self._stop)
+                watchers.append(self.manager.watch(run_stop))
+            await asyncio.gather(*watchers)
         except asyncio.CancelledError:
             raise
         except Exception as error:  # reported by /health and every 503, not only in the log
             self.fatal_error = f"{type(error).__name__}: {error}"
             logger.exception("clm-serve start-up failed")
+
+    async def _watch_identity(self, stop: asyncio.Event) -> None:
+        """Ask the embedder its identity every ``poll_interval_s``: a swap is noticed even without traffic,
+        and, once heads were refused for a new identity, a return to one they match is noticed too
+        (no request reaches the encoder while no heads are loaded)."""
+        from clm.recipes.encoder_setup import fetch_remote_identity
+
+        url, encoder = self.settings.embedder_url, self.encoder
+        assert url is not None and encoder is not None
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.settings.poll_interval_s):
+                    await stop.wait()
+            try:
+                fingerprint, _ = await asyncio.to_thread(fetch_remote_identity, url, self.settings.embedder_timeout_s)
+            except EncoderError as error:  # down or restarting: the per-response check still guards answers
+                logger.debug("identity check of %s failed: %s", url, error)
+                continue
+            if fingerprint.digest != encoder.fingerprint.digest:
+                self.encoder_changed(EncoderChanged(url, expected=encoder.fingerprint.digest, got=fingerprint.digest))
+                return
 
     async def _open_encoder(self) -> None:
         attempt = 0

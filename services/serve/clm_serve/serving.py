@@ -13,7 +13,7 @@ from typing import Any
 
 from fastapi import Request
 
-from clm.encoders.base import EncoderError, EncoderInputError
+from clm.encoders.base import EncoderChanged, EncoderError, EncoderInputError
 from clm.records import FieldProblem
 from clm.records.model import checked_state
 from clm.texts import render_state, state_text
@@ -132,6 +132,10 @@ class ServingStructuredDecisions:
         except EncoderInputError as error:
             # The refused text is a state text this service rendered: name the client's field, not an index.
             raise APIError(400, f"the encoder refused a state text: {error.detail}", param="state") from None
+        except EncoderChanged as error:  # vectors of another encoder: never scored; 503 naming both digests
+            logger.warning("request %s: %s", request_id, error)
+            runtime.encoder_changed(error)
+            raise
         except EncoderError as error:  # answered 503 by clm_http's one mapping; logged with the request id
             logger.warning("request %s: encoder unavailable: %s", request_id, error)
             raise

@@ -22,7 +22,7 @@ class ServeSettings(ServiceSettings):
     checkpoint_root: Path = Field(Path("var/checkpoints"), description="Root the trainer publishes into.")
     heads_name: str = Field("soc-triage", description="Watch <checkpoint_root>/<heads_name>/latest.")
     watch: bool = Field(True, description="Watch the latest pointer with watchfiles (polling as a fallback).")
-    poll_interval_s: float = Field(2.0, gt=0, description="Polling interval of the latest pointer.")
+    poll_interval_s: float = Field(2.0, gt=0, description="Polling interval of the latest pointer and of the embedder's encoder identity.")
     admin_token: SecretStr = Field(SecretStr(""), description="Bearer token for POST /admin/reload; empty disables the route.")
     embedder_url: str = Field("", description="Embedder for state texts; empty = an in-process encoder (below).")
     embedder_timeout_s: float = Field(30.0, gt=0, description="Timeout of one request to the embedder.")

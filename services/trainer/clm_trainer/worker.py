@@ -32,7 +32,7 @@ from typing import Any
 import redis
 
 from clm.checkpoint import CheckpointError
-from clm.encoders.base import EncoderError
+from clm.encoders.base import EncoderChanged, EncoderError
 from clm.recipes.config import ConfigError
 from clm.recipes.embedding import EmbeddingCacheError
 from clm.recipes.loop import ResumeError
@@ -54,6 +54,7 @@ ERROR_CODES: tuple[tuple[type[BaseException], str], ...] = (
     (JobConfigError, "invalid_config"),
     (ConfigError, "invalid_config"),
     (RecordError, "invalid_records"),
+    (EncoderChanged, "encoder_changed"),  # before EncoderError: a swapped model, not an outage
     (EncoderError, "encoder_error"),
     (ResumeError, "resume_error"),
     (PublishError, "publish_error"),

@@ -18,6 +18,11 @@ from clm.errors import BAD_INPUT, UNAVAILABLE, KindedError
 
 Pooling = Literal["last", "mean", "cls"]
 
+# The response header in which the embedder names the encoder that computed a response (its
+# fingerprint digest). Clients check it on every response, not once at start-up: an embedder
+# restarted with another model must not feed its vectors to heads trained on the old one.
+ENCODER_DIGEST_HEADER = "X-CLM-Encoder"
+
 
 @dataclass(frozen=True)
 class EncoderFingerprint:
@@ -59,6 +64,23 @@ class EncoderError(KindedError, RuntimeError):
 
     kind = UNAVAILABLE
     subject = "the encoder"
+
+
+class EncoderChanged(EncoderError):
+    """The embedder answered with vectors of another encoder than the one this client expects.
+
+    ``unavailable`` (HTTP 503): the caller's input is fine; the service must first
+    re-read the embedder's identity (clm-serve reloads it; a training job fails with
+    ``encoder_changed``). Retrying the same request against the same embedder cannot help.
+    """
+
+    kind = UNAVAILABLE
+    subject = "the encoder"
+
+    def __init__(self, url: str, expected: str, got: str) -> None:
+        self.url, self.expected, self.got = url, expected, got
+        super().__init__(f"the embedder at {url} changed its encoder: it now serves digest {got}, "
+                         f"this client expects digest {expected}; vectors of another encoder are refused")
 
 
 class EncoderInputError(EncoderError):

@@ -15,6 +15,13 @@ What it adds over a bare POST:
 
 The fingerprint is derived from the model folder exactly as the local backend
 derives it, so vectors from either backend share cache keys.
+
+Every answer is checked against that fingerprint: a response naming another
+encoder digest (``X-CLM-Encoder``, sent by the embedder service on every
+response) raises :class:`EncoderChanged` and its vectors are never returned.
+``require_digest_header`` (set by clients of the embedder service) also
+refuses an answer without the header, since only a server that names its
+encoder can prove the vectors are the expected ones.
 """
 
 from __future__ import annotations
@@ -28,7 +35,15 @@ import httpx
 import numpy as np
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from clm.encoders.base import EncodeResult, EncoderError, EncoderFingerprint, EncoderInputError, Pooling
+from clm.encoders.base import (
+    ENCODER_DIGEST_HEADER,
+    EncodeResult,
+    EncoderChanged,
+    EncoderError,
+    EncoderFingerprint,
+    EncoderInputError,
+    Pooling,
+)
 from clm.encoders.batching import batch_by_budget
 from clm.encoders.model_identity import fingerprint_for_model_dir, model_hidden_size
 
@@ -79,6 +94,7 @@ class VLLMEncoder:
         retry_max_s: float = 4.0,
         openai_strict: bool = False,
         embed_dtype: str = "float32",
+        require_digest_header: bool = False,
     ) -> None:
         if embed_dtype not in _WIRE_DTYPES:
             raise ValueError(f"embed_dtype must be one of {sorted(_WIRE_DTYPES)}, got {embed_dtype!r}")
@@ -96,6 +112,7 @@ class VLLMEncoder:
         # which truncates by itself); against vLLM a too-long input is then refused
         # (EncoderInputError) instead of truncated.
         self.openai_strict = openai_strict
+        self.require_digest_header = require_digest_header
         self.retry_attempts = retry_attempts
         self._wait = wait_exponential(multiplier=retry_initial_s, min=retry_initial_s, max=retry_max_s)
         self._slots = asyncio.Semaphore(max_concurrency)
@@ -198,7 +215,19 @@ class VLLMEncoder:
             response.raise_for_status()  # HTTPStatusError: transient, retried
         if response.status_code >= 400:
             raise _Refused(response.status_code, _error_detail(response))
+        self._check_encoder(response)
         return self._decode(response, len(inputs))
+
+    def _check_encoder(self, response: httpx.Response) -> None:
+        """Refuse vectors computed by another encoder than ``self.fingerprint`` (checked on every response)."""
+        digest = response.headers.get(ENCODER_DIGEST_HEADER)
+        if digest is None:
+            if self.require_digest_header:
+                raise EncoderError(f"the embedder at {self.base_url} sent no {ENCODER_DIGEST_HEADER} header, so "
+                                   "its vectors cannot be tied to an encoder; refusing them")
+            return
+        if digest != self.fingerprint.digest:
+            raise EncoderChanged(self.base_url, expected=self.fingerprint.digest, got=digest)
 
     def _decode(self, response: httpx.Response, expected: int) -> tuple[np.ndarray, int]:
         try:

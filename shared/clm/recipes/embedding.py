@@ -55,7 +55,7 @@ from clm.cache.redis_tier import RedisTier
 from clm.cache.tiered import EmbeddingCache
 from clm.durable import temp_sibling
 from clm.embedding_table import EmbeddingTable, EmbeddingTableError
-from clm.encoders.base import EncoderBackend, EncoderError, EncoderInputError
+from clm.encoders.base import EncoderBackend, EncoderChanged, EncoderError, EncoderInputError
 
 log = logging.getLogger(__name__)
 
@@ -243,7 +243,9 @@ class RetryPolicy:
 
 
 def _outage(error: BaseException) -> bool:
-    return isinstance(error, EncoderError) and not isinstance(error, EncoderInputError)
+    """Worth retrying: the embedder was down. Not a refused input, nor another encoder (``EncoderChanged``:
+    the vectors already asked for are of the old one, so the job must fail, not wait)."""
+    return isinstance(error, EncoderError) and not isinstance(error, (EncoderInputError, EncoderChanged))
 
 
 async def encode_with_retry(

@@ -115,4 +115,6 @@ def open_remote_encoder(config: EncoderConfig, on_retry: Callable[[str], None] |
         # Our embedder speaks plain OpenAI (it refuses vLLM-only fields) and truncates by itself;
         # float16 halves the transfer and equals what its cache stores.
         openai_strict=True, embed_dtype="float16",
+        # Each answer must name the fingerprint asked above: a model swapped mid-job fails it (encoder_changed).
+        require_digest_header=True,
     )
