@@ -33,6 +33,12 @@ _EVENT = """
 local function event(stream, max_events, payload)
   redis.call('XADD', stream, 'MAXLEN', '~', max_events, '*', 'data', payload)
 end
+-- A finished job and its events expire after the retention (set in the same script that finishes it,
+-- so no finished job can be left without a TTL); checkpoints and reports live on disk and stay.
+local function retire(job, stream, ttl_s)
+  redis.call('EXPIRE', job, ttl_s)
+  redis.call('EXPIRE', stream, ttl_s)
+end
 """
 
 # KEYS: job, jobs index, queue, events, idempotency key (or the job key again when none)
@@ -90,13 +96,15 @@ if ARGV[4] ~= '' then event(KEYS[2], ARGV[5], ARGV[4]) end
 return 1
 """
 
-# KEYS: job, leases, events ; ARGV: id, token, status, now iso, error json, result json, event json, max events
+# KEYS: job, leases, events ; ARGV: id, token, status, now iso, error json, result json, event json, max events,
+#       retention seconds
 FINISH = _EVENT + """
 local fields = redis.call('HMGET', KEYS[1], 'status', 'token')
 if fields[1] ~= 'running' or fields[2] ~= ARGV[2] then return 0 end
 redis.call('HSET', KEYS[1], 'status', ARGV[3], 'finished_at', ARGV[4], 'error', ARGV[5], 'result', ARGV[6])
 redis.call('ZREM', KEYS[2], ARGV[1])
 event(KEYS[3], ARGV[8], ARGV[7])
+retire(KEYS[1], KEYS[3], ARGV[9])
 return 1
 """
 
@@ -115,7 +123,7 @@ return 1
 """
 
 # Jobs whose lease expired: back to the queue front, or failed after max attempts, or cancelled if asked.
-# KEYS: leases, queue ; ARGV: prefix, max attempts, now iso, max events
+# KEYS: leases, queue ; ARGV: prefix, max attempts, now iso, max events, retention seconds
 # Returns a flat list: id1, outcome1, id2, outcome2, ...
 REAP = _NOW_MS + _EVENT + """
 local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now_ms, 'LIMIT', 0, 100)
@@ -133,6 +141,7 @@ for _, id in ipairs(expired) do
       redis.call('HSET', job, 'status', 'cancelled', 'finished_at', ARGV[3])
       event(stream, ARGV[4], cjson.encode({type = 'cancelled', ts = ARGV[3], status = 'cancelled',
         message = 'cancelled (its worker was lost before it could stop)'}))
+      retire(job, stream, ARGV[5])
     elseif attempts >= tonumber(ARGV[2]) then
       outcome = 'failed'
       local message = 'the job lost its worker ' .. attempts .. ' times (last: ' .. (fields[4] or '?') ..
@@ -141,6 +150,7 @@ for _, id in ipairs(expired) do
         'error', cjson.encode({code = 'worker_lost', message = message}))
       event(stream, ARGV[4], cjson.encode({type = 'failed', ts = ARGV[3], status = 'failed',
         error = {code = 'worker_lost', message = message}}))
+      retire(job, stream, ARGV[5])
     else
       outcome = 'requeued'
       redis.call('HSET', job, 'status', 'queued', 'worker', '')
@@ -156,7 +166,7 @@ end
 return out
 """
 
-# KEYS: job, queue, events ; ARGV: id, now iso, max events
+# KEYS: job, queue, events ; ARGV: id, now iso, max events, retention seconds
 # Returns the outcome: 'missing', 'dequeued' (was queued, now cancelled), 'requested' (running), or 'already:<status>'.
 CANCEL = _EVENT + """
 local status = redis.call('HGET', KEYS[1], 'status')
@@ -166,6 +176,7 @@ if status == 'queued' then
   redis.call('LREM', KEYS[2], 0, ARGV[1])
   event(KEYS[3], ARGV[3], cjson.encode({type = 'cancelled', ts = ARGV[2], status = 'cancelled',
     message = 'cancelled before a worker picked it up'}))
+  retire(KEYS[1], KEYS[3], ARGV[4])
   return 'dequeued'
 end
 if status == 'running' then

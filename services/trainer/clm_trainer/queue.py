@@ -106,7 +106,8 @@ class JobQueue:
             keys=[self.keys.job(claim.job_id), self.keys.leases, self.keys.events(claim.job_id)],
             args=[claim.job_id, claim.token, status, ts, "" if error is None else json.dumps(error),
                   "" if result is None else json.dumps(result, allow_nan=False, default=str),
-                  json.dumps(event, allow_nan=False, default=str), self.settings.max_events]))
+                  json.dumps(event, allow_nan=False, default=str), self.settings.max_events,
+                  self.settings.job_retention_s]))
 
     def release(self, claim: Claim) -> bool:
         return bool(self._release(
@@ -116,5 +117,6 @@ class JobQueue:
     def reap(self) -> list[tuple[str, str]]:
         """Handle expired leases; returns (job id, outcome) pairs: requeued, failed or cancelled."""
         flat = self._reap(keys=[self.keys.leases, self.keys.queue],
-                          args=[self.keys.prefix, self.settings.max_attempts, now_iso(), self.settings.max_events])
+                          args=[self.keys.prefix, self.settings.max_attempts, now_iso(), self.settings.max_events,
+                                self.settings.job_retention_s])
         return list(zip(flat[::2], flat[1::2]))

@@ -35,6 +35,8 @@ class TrainerSettings(ServiceSettings):
     poll_seconds: float = Field(0.5, gt=0, description="How often an idle worker looks for a queued job.")
     progress_interval_s: float = Field(1.0, ge=0, description="Minimum seconds between two progress events of a job (phase changes always go out).")
     max_events: int = Field(2000, ge=10, description="Events kept per job (older ones are trimmed).")
+    job_retention_s: int = Field(30 * 86_400, ge=1, description="A finished job and its events expire this long after "
+                                 "it finished (checkpoints and reports on disk stay).")
     idempotency_ttl_s: int = Field(86_400, ge=60, description="How long an Idempotency-Key maps to its job.")
     max_attempts: int = Field(3, ge=1, description="A job that lost its worker this many times fails.")
     list_limit_max: int = Field(500, ge=1, description="Largest `limit` GET /jobs accepts.")

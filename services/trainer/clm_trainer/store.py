@@ -116,13 +116,17 @@ class JobStore:
         pipe = self.client.pipeline(transaction=False)
         for job_id in ids[:limit]:
             pipe.hgetall(self.keys.job(job_id))
-        jobs = [job_from_hash(fields) for fields in await pipe.execute() if fields]
+        found = await pipe.execute()
+        if expired := [job_id for job_id, fields in zip(ids, found) if not fields]:
+            # Jobs past their retention expired with their events; the index forgets them here.
+            await self.client.zrem(self.keys.jobs, *expired)
+        jobs = [job_from_hash(fields) for fields in found if fields]
         return jobs, len(ids) > limit
 
     async def cancel(self, job_id: str) -> str:
         """'missing', 'dequeued' (it was queued: now cancelled), 'requested' (running) or 'already:<status>'."""
         return await self._cancel(keys=[self.keys.job(job_id), self.keys.queue, self.keys.events(job_id)],
-                                  args=[job_id, now_iso(), self.settings.max_events])
+                                  args=[job_id, now_iso(), self.settings.max_events, self.settings.job_retention_s])
 
     async def events(self, job_id: str, after: str = "0-0", block_ms: int | None = None,
                      count: int = 500) -> list[StoredEvent]:
