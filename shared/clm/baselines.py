@@ -41,7 +41,7 @@ from clm.recipes.batches import EncodedQuestion, EncodedRecord
 from clm.recipes.evaluation import ScoredQuestion
 
 MIN_LABELS = 10
-LOGISTIC_CS = (0.1, 1.0, 10.0, 100.0)  # inverse regularisation strengths tried by cross-validation
+LOGISTIC_CS = (0.1, 1.0, 10.0)  # inverse regularisation strengths tried by cross-validation
 CV_FOLDS = 3
 LOGISTIC_MAX_ITER = 2000
 BASELINE_NAMES = ("majority", "logistic_regression", "best_fixed_option")

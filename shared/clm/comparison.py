@@ -51,10 +51,6 @@ def scopes(scored: Sequence[ScoredQuestion], groups: Mapping[str, np.ndarray] | 
     return result
 
 
-def _subset(scored: Sequence[ScoredQuestion], mask: np.ndarray) -> list[ScoredQuestion]:
-    return [q for q, keep in zip(scored, mask) if keep]
-
-
 def _restrict(metrics: dict, allowed: Sequence[str]) -> dict:
     """Blank the metrics a predictor cannot meaningfully have (e.g. NLL of a one-hot policy)."""
     return {k: (v if k not in COMPARED_METRICS or k in allowed else None) for k, v in metrics.items()}
@@ -68,6 +64,11 @@ def _restricted_metrics(scored: Sequence[ScoredQuestion], allowed: Sequence[str]
                for group in ("by_type", "by_question")}}
 
 
+def _prediction_sets(predictors: Mapping[str, Sequence[ScoredQuestion]]) -> dict[str, PredictionSet]:
+    """Each predictor packed once; scopes are row selections of it."""
+    return {name: PredictionSet.from_questions([q.as_prediction() for q in scored]) for name, scored in predictors.items()}
+
+
 def compare_predictors(
     predictors: Mapping[str, Sequence[ScoredQuestion]],
     comparisons: Sequence[Comparison],
@@ -77,17 +78,16 @@ def compare_predictors(
 ) -> dict[str, dict[str, dict]]:
     """``{scope: {comparison name: {metric: interval}}}`` on one split (every predictor scored the same questions)."""
     metrics_for = metrics_for or {}
+    sets = _prediction_sets(predictors)
+    record_ids = np.array([q.record_id for q in next(iter(predictors.values()), [])], dtype=object)
     result: dict[str, dict[str, dict]] = {}
     for scope, mask in scope_masks.items():
         result[scope] = {}
         for name, reference, candidate in comparisons:
-            ref, cand = _subset(predictors[reference], mask), _subset(predictors[candidate], mask)
             allowed = [m for m in COMPARED_METRICS
                        if m in metrics_for.get(reference, COMPARED_METRICS) and m in metrics_for.get(candidate, COMPARED_METRICS)]
-            result[scope][name] = paired_bootstrap(
-                PredictionSet.from_questions([q.as_prediction() for q in ref]),
-                PredictionSet.from_questions([q.as_prediction() for q in cand]),
-                [q.record_id for q in ref], settings, allowed)
+            result[scope][name] = paired_bootstrap(sets[reference].select(mask), sets[candidate].select(mask),
+                                                   record_ids[mask].tolist(), settings, allowed)
     return result
 
 
@@ -98,11 +98,12 @@ def group_metrics(
 ) -> dict[str, dict]:
     """``{group: {"count": n, predictor: overall metrics}}``."""
     metrics_for = metrics_for or {}
+    sets = _prediction_sets(predictors)
     result = {}
     for group, mask in groups.items():
         entry: dict = {"count": int(mask.sum())}
-        for name, scored in predictors.items():
-            overall = decision_metrics([q.as_prediction() for q in _subset(scored, mask)])["overall"]
+        for name, packed in sets.items():
+            overall = decision_metrics(packed.select(mask))["overall"]
             entry[name] = _restrict(overall, metrics_for.get(name, COMPARED_METRICS))
         result[group] = entry
     return result

@@ -130,6 +130,11 @@ class PredictionSet:
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
+    def select(self, mask: np.ndarray) -> "PredictionSet":
+        """The questions where ``mask`` is true (a boolean mask or row indices), same width."""
+        return PredictionSet(self.probs[mask], self.option_mask[mask], self.labels[mask], self.question_types[mask],
+                             self.question_ids[mask], self.rewards[mask], self.reward_mask[mask])
+
     def validate(self) -> None:
         n, width = self.probs.shape
         for name in ("labels", "question_types", "question_ids", "reward_mask"):
