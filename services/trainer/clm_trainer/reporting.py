@@ -18,6 +18,7 @@ from typing import Any, Callable
 import redis
 
 from .queue import Claim, JobQueue
+from .worker_metrics import PhaseClock, WorkerMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ class ProgressReporter:
     """The ``progress`` callback a worker hands to ``run_job``; ``on_lost`` fires when the lease is gone."""
 
     def __init__(self, queue: JobQueue, claim: Claim, *, epochs: int | None, interval_s: float,
-                 on_lost: Callable[[], None]) -> None:
+                 on_lost: Callable[[], None], metrics: WorkerMetrics | None = None) -> None:
         self.queue = queue
         self.claim = claim
         self.interval_s = interval_s
@@ -45,6 +46,10 @@ class ProgressReporter:
         self.phase = ""
         self.counters: dict[str, Any] = {} if epochs is None else {"epochs": epochs}
         self._last_write = 0.0
+        self.metrics = metrics
+        self._clock = PhaseClock(metrics) if metrics is not None else None
+        self._embedded = 0  # texts_embedded already counted into the metrics
+        self._retry = None  # the last embedder retry number counted
 
     def __call__(self, item: dict[str, Any]) -> None:
         kind = item.get("type")
@@ -69,15 +74,33 @@ class ProgressReporter:
             self.counters.update({k: counters[k] for k in ("epoch", "loss") if k in counters})
         elif phase == "evaluating" and item.get("message"):
             self.counters["evaluating"] = item["message"]
+        retrying = bool(counters.get("retry"))  # a wait for an unavailable embedder is always shown
+        self._observe(phase, counters)
         changed = phase != self.phase
         self.phase = phase
         phase_end = total > 0 and done >= total
         due = time.monotonic() - self._last_write >= self.interval_s
-        retrying = bool(counters.get("retry"))  # a wait for an unavailable embedder is always shown
         if changed or phase_end or due or retrying:
             event = {"type": "progress", "phase": phase, "done": done, "total": total,
                      "message": item.get("message") or "", "counters": counters}
             self._write(event)
+
+    def _observe(self, phase: str, counters: dict[str, Any]) -> None:
+        if self.metrics is None or self._clock is None:
+            return
+        embedded = counters.get("texts_embedded")
+        if isinstance(embedded, int) and embedded > self._embedded:
+            self.metrics.texts_embedded.inc(embedded - self._embedded)
+            self._embedded = embedded
+        if counters.get("retry") and counters["retry"] != self._retry:
+            self._retry = counters["retry"]
+            self.metrics.retries.labels("embedder").inc()
+        self._clock.progress(phase, self._embedded)
+
+    def close(self) -> None:
+        """The job ended: its last phase's duration is observed."""
+        if self._clock is not None:
+            self._clock.end(self._embedded)
 
     def _write(self, event: dict[str, Any]) -> None:
         self._last_write = time.monotonic()

@@ -40,6 +40,9 @@ class TrainerSettings(ServiceSettings):
     idempotency_ttl_s: int = Field(86_400, ge=60, description="How long an Idempotency-Key maps to its job.")
     max_attempts: int = Field(3, ge=1, description="A job that lost its worker this many times fails.")
     list_limit_max: int = Field(500, ge=1, description="Largest `limit` GET /jobs accepts.")
+    worker_metrics_port: int = Field(9102, ge=0, le=65535, description="Port of a worker's own Prometheus /metrics "
+                                     "(jobs by outcome, phase seconds, texts embedded, lease renewals, retries); "
+                                     "0 = none. Each worker on a host needs its own.")
     worker_id: str = Field("", description="Name of this worker in job objects (default: <hostname>-<pid>).")
 
     @model_validator(mode="after")

@@ -44,6 +44,7 @@ from .queue import Claim, JobQueue
 from .reporting import ProgressReporter, finite
 from .runner import JobCancelled, run_job
 from .settings import TrainerSettings, redact_url
+from .worker_metrics import WorkerMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -85,8 +86,10 @@ class LeaseMonitor(threading.Thread):
     cheap Lua call, and renewing more often than required only makes the lease safer.
     """
 
-    def __init__(self, queue: JobQueue, claim: Claim, settings: TrainerSettings, stopping: threading.Event) -> None:
+    def __init__(self, queue: JobQueue, claim: Claim, settings: TrainerSettings, stopping: threading.Event,
+                 metrics: WorkerMetrics) -> None:
         super().__init__(name=f"lease-{claim.job_id}", daemon=True)
+        self.renewals = metrics.lease_renewals
         self.queue, self.claim, self.settings, self.stopping = queue, claim, settings, stopping
         self.lost = threading.Event()
         self.cancel_requested = threading.Event()
@@ -107,11 +110,14 @@ class LeaseMonitor(threading.Thread):
             try:
                 state = self.queue.heartbeat(self.claim)
             except redis.RedisError as error:
+                self.renewals.labels("error").inc()
                 logger.warning("job %s: heartbeat failed (Redis: %s); retrying", self.claim.job_id, error)
                 continue
             if state == 0:
+                self.renewals.labels("lost").inc()
                 self.mark_lost()
                 return
+            self.renewals.labels("renewed").inc()
             if state == 2:
                 self.cancel_requested.set()
 
@@ -126,6 +132,7 @@ class Worker:
         self.queue = queue or JobQueue.connect(settings)
         self.worker_id = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}"
         self.stopping = threading.Event()
+        self.metrics = WorkerMetrics()
         self._next_reap = 0.0
 
     def install_signal_handlers(self) -> None:
@@ -167,16 +174,18 @@ class Worker:
     def run_claim(self, claim: Claim) -> None:
         """Run one claimed job to its end (or hand it back); never raises for a job's own failure."""
         logger.info("job %s: claimed (attempt %d, token %s)", claim.job_id, claim.attempt, claim.token)
-        monitor = LeaseMonitor(self.queue, claim, self.settings, self.stopping)
+        monitor = LeaseMonitor(self.queue, claim, self.settings, self.stopping, self.metrics)
         monitor.start()
         reaper = threading.Thread(target=self._reap_while, args=(monitor,), daemon=True)
         reaper.start()
         try:
             outcome = self._execute(claim, monitor)
             if outcome is None:
+                self.metrics.jobs.labels("lost" if monitor.lost.is_set() else "released").inc()
                 return
             status, error, result = outcome
             self._finish(claim, monitor, status, error, result)
+            self.metrics.jobs.labels(status).inc()
         finally:
             monitor.close()
             reaper.join(timeout=5)
@@ -196,9 +205,13 @@ class Worker:
             config = prepare_config(stored, self.settings, claim.job_id)
             epochs = config["train"]["epochs"] if config.get("mode") == "train" else None
             reporter = ProgressReporter(self.queue, claim, epochs=epochs,
-                                        interval_s=self.settings.progress_interval_s, on_lost=monitor.mark_lost)
-            result = run_job(config, job_id=claim.job_id, work_dir=work_dir, progress=reporter,
-                             should_cancel=monitor.should_stop)
+                                        interval_s=self.settings.progress_interval_s, on_lost=monitor.mark_lost,
+                                        metrics=self.metrics)
+            try:
+                result = run_job(config, job_id=claim.job_id, work_dir=work_dir, progress=reporter,
+                                 should_cancel=monitor.should_stop)
+            finally:
+                reporter.close()
             return "succeeded", None, finite(result)
         except JobCancelled:
             if monitor.lost.is_set():
@@ -234,6 +247,7 @@ class Worker:
             except redis.RedisError as error:
                 if monitor.lost.is_set():
                     return None
+                self.metrics.retries.labels("redis").inc()
                 logger.warning("Redis call failed (%s); retrying in %.1fs", error, delay)
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
@@ -242,5 +256,6 @@ class Worker:
 def run_worker(settings: TrainerSettings) -> None:
     Path(settings.work_root).mkdir(parents=True, exist_ok=True)
     worker = Worker(settings)
+    worker.metrics.serve(settings.worker_metrics_port, settings.host)
     worker.install_signal_handlers()
     worker.run_forever()

@@ -1,0 +1,39 @@
+"""A real worker exposes Prometheus metrics on a port of its own: scraped after a real job (local tiny Qwen3)."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+
+from clm.procs import free_port
+
+from support.trainer import TrainerStack, recipe_config, wait_job
+
+
+def sample(text: str, name: str, labels: str = "") -> float:
+    match = re.search(rf"^{re.escape(name + labels)} (\S+)$", text, re.MULTILINE)
+    assert match, f"{name}{labels} not in the worker's metrics"
+    return float(match.group(1))
+
+
+def test_a_worker_exposes_its_job_metrics(stack_root, redis_url, tiny_qwen3_dir):
+    port = free_port()
+    stack = TrainerStack(stack_root, redis_url, tiny_qwen3_dir.parent,
+                         extra_env={"CLM_TRAINER_WORKER_METRICS_PORT": str(port)})
+    for _ in stack.started(workers=("w-metrics",)):
+        with stack.client() as client:
+            response = client.post("/jobs", json={"config": recipe_config(tiny_qwen3_dir, epochs=1)})
+            assert response.status_code == 201, response.text
+            job = wait_job(client, response.json()["id"], lambda j: j["status"] in ("succeeded", "failed"), 300,
+                           stack)
+            assert job["status"] == "succeeded", job
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        assert sample(text, "clm_trainer_worker_jobs_total", '{outcome="succeeded"}') == 1
+        assert sample(text, "clm_trainer_worker_jobs_total", '{outcome="failed"}') == 0
+        assert sample(text, "clm_trainer_worker_lease_renewals_total", '{result="renewed"}') >= 1
+        for phase in ("embedding", "training"):
+            assert sample(text, "clm_trainer_worker_phase_seconds_count", f'{{phase="{phase}"}}') == 1
+        assert sample(text, "clm_trainer_worker_texts_embedded_total") > 0
+        assert sample(text, "clm_trainer_worker_embedding_texts_per_second") > 0
+        assert sample(text, "clm_trainer_worker_retries_total", '{cause="redis"}') == 0
