@@ -162,6 +162,30 @@ def test_unwritable_cache_stops_the_job_before_training(base_config, tmp_path):
     assert not Path(base_config["output"]["checkpoint_root"]).exists()
 
 
+def test_report_result_and_events_say_where_the_time_went(base_config, soc_data):
+    events, epochs = [], []
+    result = run(base_config, {"train.epochs": 2}, progress=events.append, on_epoch_end=epochs.append)
+    timings = json.loads(result.report_path.read_text())["timings"]
+    assert timings == result.timings and result.as_dict()["timings"] == timings
+    train_questions = sum(len(r.decision_questions()) for r in load_records(soc_data["train"]))
+    records = sum(len(load_records(soc_data[split])) for split in ("train", "validation", "test"))
+    assert timings["loading"]["records"] == records and timings["loading"]["seconds"] > 0
+    embedding = timings["embedding"]
+    assert embedding["texts_requested"] == result.texts_total == embedding["from_cache"] + embedding["texts_embedded"]
+    assert embedding["seconds"] > 0 and embedding["texts_per_s"] > 0
+    assert [e["epoch"] for e in timings["epochs"]] == [1, 2]
+    assert all(e["questions"] == train_questions and e["seconds"] > 0 and e["questions_per_s"] > 0
+               for e in timings["epochs"])
+    assert {(e["split"], e["questions"] > 0) for e in timings["evaluation"]} >= {("validation", True), ("test", True)}
+    # The same figures reach the job events: the epoch reports and the phases' last progress events.
+    assert [e.as_dict()["seconds"] for e in epochs] == [e["seconds"] for e in timings["epochs"]]
+    last_embedding = [e for e in events if e.phase == "embedding"][-1]
+    assert last_embedding.counters["seconds"] == embedding["seconds"]
+    assert "seconds" in [e for e in events if e.phase == "evaluating"][-1].counters
+    html = (result.report_path.parent / "report.html").read_text()
+    assert "Where the time went" in html and "questions/s" in html and "from cache" in html
+
+
 def test_eval_mode_reports_the_before_numbers_and_publishes_nothing(base_config, tmp_path):
     trained = run(base_config, {"train.epochs": 1})
     evaluated = run(base_config, {"mode": "eval", "heads.init_checkpoint": str(trained.checkpoint.path),

@@ -36,6 +36,10 @@ def test_a_retry_after_publishing_reuses_the_published_version(setup):
     phases = {item["phase"] for item in seen if item["type"] == "progress"}
     assert phases == {"embedding", "training", "evaluating", "publishing"}
     assert [item["epoch"] for item in seen if item["type"] == "epoch"] == [1, 2, 3]
+    # Phase timings ride in the job events (issue 13): every epoch's seconds and questions/s, the embed phase's rate.
+    assert all(item["seconds"] > 0 and item["questions_per_s"] > 0 for item in seen if item["type"] == "epoch")
+    assert "texts_per_s" in [item for item in seen if item.get("phase") == "embedding"][-1]["counters"]
+    assert first["timings"]["embedding"]["texts_requested"] == first["texts_total"]
 
     # A worker that crashed after publishing but before marking the job finished: the next attempt
     # resumes after the last epoch, finds the job's version and publishes nothing new.

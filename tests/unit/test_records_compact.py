@@ -106,7 +106,7 @@ def record_lines(draw) -> list[str]:
                 if value is None and field in ("instructions",):
                     continue
                 data[field] = value
-        text = json.dumps(data)
+        text = json.dumps(data, separators=draw(st.sampled_from([(", ", ": "), (",", ":"), (",", " :")])))
         if draw(st.integers(0, 9)) == 0:  # a strict-JSON problem now and then
             text = text.replace('"weight": 1', '"weight": NaN').replace('"state": "an alert"', '"state": "s", "state": "t"')
         lines.append(text)

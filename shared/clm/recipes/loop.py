@@ -56,11 +56,15 @@ class EpochReport:
     def questions_per_s(self) -> float | None:
         return round(self.questions / self.seconds, 1) if self.seconds > 0 else None
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "train": self.train, "validation": self.validation,
-                "value": self.value, "is_best": self.is_best, "skipped_steps": self.skipped_steps,
-                "seconds": self.seconds, "questions": self.questions, "questions_per_s": self.questions_per_s,
-                "validation_seconds": self.validation_seconds}
+    def as_dict(self, timing: bool = True) -> dict[str, Any]:
+        """The epoch as plain values; ``timing=False`` leaves out the wall-clock figures (the run's
+        ``history`` holds only what the same config reproduces exactly)."""
+        result = {"epoch": self.epoch, "train": self.train, "validation": self.validation,
+                  "value": self.value, "is_best": self.is_best, "skipped_steps": self.skipped_steps}
+        if timing:
+            result.update(seconds=self.seconds, questions=self.questions, questions_per_s=self.questions_per_s,
+                          validation_seconds=self.validation_seconds)
+        return result
 
 
 @dataclass
@@ -156,7 +160,7 @@ def run_epochs(
             best_state, best_value, best_epoch = _clone_state(heads), value, epoch
         report = EpochReport(epoch, {k: v / max(counted, 1) for k, v in sums.items()}, validation, value,
                              is_best, skipped, round(seconds, 3), questions, round(validation_seconds, 3))
-        history.append(report.as_dict())
+        history.append(report.as_dict(timing=False))
         if state_path is not None:
             _save_state(state_path, {
                 "run_digest": run_digest, "epoch": epoch, "heads": _clone_state(heads),

@@ -14,6 +14,7 @@ here to an option index, so the rest of the system only sees indices.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -182,7 +183,7 @@ class ScoreQuestion(_Question):
         return levels
 
     def option_ids(self) -> tuple[str, ...]:
-        return tuple(str(index) for index in range(len(self.criteria)))
+        return _level_ids(len(self.criteria))
 
     def option_descriptions(self) -> tuple[str | None, ...]:
         return tuple(self.criteria)
@@ -204,6 +205,12 @@ class ScoreQuestion(_Question):
         if key in self.criteria:
             return self.criteria.index(key)
         return super().reward_key_index(key)
+
+
+@functools.lru_cache(maxsize=256)
+def _level_ids(levels: int) -> tuple[str, ...]:
+    """``("0", ..., "K-1")``, built once per K: records ask the same few scales on every line."""
+    return tuple(str(index) for index in range(levels))
 
 
 Question = Annotated[NoulQuestion | ChoiceQuestion | ScoreQuestion, Field(discriminator="type")]
