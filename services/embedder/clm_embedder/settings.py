@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
+from clm.redis_connect import parse_sentinel_url
 from clm_http.settings import ServiceSettings, body_limit_field, port_field
 
 
@@ -36,7 +37,7 @@ class EmbedderSettings(ServiceSettings):
     vllm_timeout_s: float = Field(120.0, gt=0, description="Timeout of one vLLM request.")
     vllm_retries: int = Field(4, ge=0, description="Retries (exponential backoff) on connection errors and 5xx.")
 
-    redis_url: str = Field("redis://127.0.0.1:6379/0", description="Hot cache tier shared by replicas; empty disables it.")
+    redis_url: str = Field("redis://127.0.0.1:6379/0", description="Hot cache tier shared by replicas (or redis+sentinel://host:26379,.../<service>/<db>); empty disables it.")
     redis_ttl_s: int = Field(0, ge=0, description="TTL of Redis entries (0 = none; rely on maxmemory + LRU).")
     redis_maxmemory: str = Field("", description="If set (e.g. `2gb`), CONFIG SET maxmemory at start-up.")
     redis_maxmemory_policy: str = Field("", description="If set (e.g. `allkeys-lru`), CONFIG SET maxmemory-policy at start-up.")
@@ -48,3 +49,9 @@ class EmbedderSettings(ServiceSettings):
     max_chars_per_input: int = Field(32768, ge=1, description="A longer input gets 413.")
     max_in_flight_requests: int = Field(16, ge=1, description="Requests processed at once; more get 503 with Retry-After.")
     retry_after_s: int = Field(1, ge=1, description="Retry-After seconds sent with 429/503.")
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url_parses(cls, url: str) -> str:
+        parse_sentinel_url(url)  # a malformed Sentinel URL fails at start-up, naming the part at fault
+        return url

@@ -28,6 +28,8 @@ from typing import Any
 
 import redis
 
+from clm.redis_connect import sync_client
+
 from . import lua
 from .keys import RedisKeys
 from .settings import TrainerSettings
@@ -57,9 +59,9 @@ class JobQueue:
 
     @classmethod
     def connect(cls, settings: TrainerSettings) -> "JobQueue":
-        client = redis.Redis.from_url(settings.redis_url, decode_responses=True,
-                                      socket_timeout=settings.redis_timeout_s,
-                                      socket_connect_timeout=settings.redis_timeout_s, health_check_interval=10)
+        client = sync_client(settings.redis_url, decode_responses=True,  # redis:// or redis+sentinel://
+                             socket_timeout=settings.redis_timeout_s,
+                             socket_connect_timeout=settings.redis_timeout_s, health_check_interval=10)
         return cls(client, settings)
 
     @property

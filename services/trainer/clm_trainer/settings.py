@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from clm.redis_connect import parse_sentinel_url
+from clm.redis_connect import redact as redact_url  # noqa: F401  (the one redaction, re-exported)
 from clm_http.settings import ServiceSettings, body_limit_field, port_field
 
 
@@ -19,7 +21,7 @@ class TrainerSettings(ServiceSettings):
 
     port: int = port_field(8002)  # of the jobs API (workers listen on nothing)
     max_body_bytes: int = body_limit_field(1_000_000)
-    redis_url: str = Field("redis://127.0.0.1:6379/1", description="Job queue, job objects and events.")
+    redis_url: str = Field("redis://127.0.0.1:6379/1", description="Job queue, job objects and events; or redis+sentinel://host:26379,host2:26379/<service>/<db>.")
     redis_prefix: str = Field("clm:trainer", min_length=1, description="Prefix of every Redis key the trainer owns.")
     redis_timeout_s: float = Field(3.0, gt=0, description="Socket timeout of Redis calls: a dead Redis fails fast, never hangs.")
     api_token: SecretStr = Field(SecretStr(""), description="Bearer token required on mutating routes; empty disables auth.")
@@ -45,6 +47,12 @@ class TrainerSettings(ServiceSettings):
                                      "0 = none. Each worker on a host needs its own.")
     worker_id: str = Field("", description="Name of this worker in job objects (default: <hostname>-<pid>).")
 
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url_parses(cls, url: str) -> str:
+        parse_sentinel_url(url)  # a malformed Sentinel URL fails at start-up, naming the part at fault
+        return url
+
     @model_validator(mode="after")
     def _lease_outlives_heartbeats(self) -> "TrainerSettings":
         # A lease shorter than two heartbeats expires under a healthy worker: jobs would run twice.
@@ -56,11 +64,3 @@ class TrainerSettings(ServiceSettings):
     @property
     def effective_cache_dir(self) -> Path:
         return self.cache_dir if self.cache_dir is not None else self.work_root / "cache"
-
-
-def redact_url(url: str) -> str:
-    """A URL without its password, for logs and error messages (``redis://:secret@host`` -> ``redis://***@host``)."""
-    if "@" not in url:
-        return url
-    scheme, _, rest = url.partition("://")
-    return f"{scheme}://***@{rest.rpartition('@')[2]}"

@@ -17,6 +17,8 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from clm.redis_connect import async_client
+
 from . import lua
 from .keys import TERMINAL_STATUSES, RedisKeys
 from .models import Job, job_from_hash
@@ -62,9 +64,9 @@ class JobStore:
     @classmethod
     def connect(cls, settings: TrainerSettings) -> "JobStore":
         # Short socket timeouts: a dead or unreachable Redis makes a request fail fast (503), never hang.
-        client = aioredis.Redis.from_url(settings.redis_url, decode_responses=True,
-                                         socket_timeout=settings.redis_timeout_s,
-                                         socket_connect_timeout=settings.redis_timeout_s)
+        client = async_client(settings.redis_url, decode_responses=True,  # redis:// or redis+sentinel://
+                              socket_timeout=settings.redis_timeout_s,
+                              socket_connect_timeout=settings.redis_timeout_s)
         return cls(client, settings)
 
     async def close(self) -> None:

@@ -32,12 +32,13 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TypeVar
 
-import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from clm.redis_connect import async_client
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -79,16 +80,16 @@ class RedisTier:
         # A blocking pool: a burst of requests queues for a connection (up to
         # pool_timeout_s) instead of failing with "Too many connections",
         # which would look like an outage and push every request to disk.
-        pool = aioredis.BlockingConnectionPool.from_url(
+        # (Under a redis+sentinel:// URL, redis-py's Sentinel pool, capped at max_connections.)
+        self._client = async_client(
             url,
             max_connections=max_connections,
-            timeout=pool_timeout_s,
+            pool_timeout_s=pool_timeout_s,
             socket_timeout=socket_timeout_s,
             socket_connect_timeout=connect_timeout_s,
             retry=Retry(NoBackoff(), retries=1),
             decode_responses=False,
         )
-        self._client = aioredis.Redis.from_pool(pool)  # the client owns (and closes) the pool
         self._down_since: float | None = None  # monotonic time of the last outage; None = healthy
         self._last_error: str | None = None
         self._configured = False
