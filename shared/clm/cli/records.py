@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from clm.records import QUESTION_TYPE_IDS, RecordError, RecordsSummary, load_records, summarize
+from clm.records import QUESTION_TYPE_IDS, RecordError, RecordsSummary, iter_records, summarize
 
 EXIT_OK = 0
 EXIT_INVALID = 1
@@ -58,7 +58,7 @@ def run_validate(args: argparse.Namespace) -> int:
     failed = 0
     for path in args.paths:
         try:
-            summary = summarize(load_records(path))
+            summary = summarize(iter_records(path))  # streamed: a large file never exists as a list
         except RecordError as error:
             failed += 1
             err.print(f"[bold red]invalid[/] {escape(str(path))}: {len(error.problems)} problem(s)")

@@ -8,7 +8,7 @@ ARCHITECTURE §2 is the contract. Typical use::
 """
 
 from clm.records.errors import FieldProblem, RecordError, RecordProblem
-from clm.records.loader import load_records, parse_record, parse_request
+from clm.records.loader import iter_records, load_records, parse_record, parse_request
 from clm.records.model import QuestionTarget, Record, SystemOneRequest
 from clm.records.questions import (
     CHOICE_TYPE,
@@ -45,6 +45,7 @@ __all__ = [
     "RecordsSummary",
     "ScoreQuestion",
     "SystemOneRequest",
+    "iter_records",
     "load_records",
     "loads_strict",
     "parse_record",

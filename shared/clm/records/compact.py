@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from clm.records.loader import iter_records
+from clm.records import iter_records
 from clm.records.model import QuestionTarget, Record
 from clm.texts import option_texts, state_texts
 
