@@ -70,3 +70,38 @@ def test_killing_vllm_mid_request_gives_503_caches_nothing_and_recovers(vllm_emb
     # Nothing of the failed request was cached: every text is a miss now.
     assert again.headers["x-cache-misses"] == str(len(texts))
     assert again.headers["x-cache-redis-hits"] == "0" and again.headers["x-cache-disk-hits"] == "0"
+
+
+def test_a_text_vllm_refuses_fails_only_its_own_request(vllm_server, tiny_qwen3_dir, tmp_path):
+    """Issue 12, against the real refusal: the embedder's path (cache -> coalescer -> vLLM client) with
+    concurrent callers merged into one vLLM batch; vLLM refuses one over-long text (the strict OpenAI
+    client sends no truncation). Only that caller fails, and its error names the index in *its* input."""
+    from clm.cache import DiskTier, EmbeddingCache
+    from clm.encoders.base import EncoderInputError
+    from clm.encoders.coalescing import CoalescingEncoder
+    from clm.encoders.vllm_client import VLLMEncoder
+
+    callers = [[f"caller {i} alert {j}: login failed from country {i + j}" for j in range(3)] for i in range(5)]
+    callers[2] = ["known text", callers[2][0], "word " * 5000]  # refused: longer than the 512-token context
+
+    async def run():
+        remote = VLLMEncoder.for_model_dir(vllm_server.base_url, tiny_qwen3_dir, pooling="last", max_tokens=512,
+                                           openai_strict=True, retry_attempts=1)
+        encoder = CoalescingEncoder(remote, window_ms=50)
+        cache = EmbeddingCache(redis=None, disk=DiskTier(tmp_path / "cache"), store_dtype="float32")
+        try:
+            await cache.get_or_encode(["known text"], encoder)
+            return await asyncio.gather(*(cache.get_or_encode(texts, encoder) for texts in callers),
+                                        return_exceptions=True)
+        finally:
+            await encoder.aclose()
+            await cache.aclose()
+
+    outcomes = asyncio.run(run())
+    refused = outcomes[2]
+    assert isinstance(refused, EncoderInputError) and refused.index == 2, refused
+    assert "context length" in refused.detail
+    for i, outcome in enumerate(outcomes):
+        if i != 2:
+            assert not isinstance(outcome, BaseException), (i, outcome)
+            assert outcome.vectors.shape == (3, 128)

@@ -190,8 +190,18 @@ def test_large_bodies_are_413(client):
 def test_health_and_metrics(client):
     assert client.get("/health").json() == {"status": "ok"}
     submit(client)
-    assert client.get("/jobs/job-ffffffffffffffffffffffff").status_code == 404
     metrics = client.get("/metrics").text
     assert "trainer_queue_depth 1.0" in metrics and 'trainer_jobs_submitted_total{replayed="false"}' in metrics
     # Every answer is counted by status (clm_http's request-metrics middleware), the 4xx included.
-    assert 'trainer_requests_total{status="404"} 1.0' in metrics
+    not_found = 'trainer_requests_total{status="404"}'
+    before = _sample(metrics, not_found)
+    assert client.get("/jobs/job-ffffffffffffffffffffffff").status_code == 404
+    assert _sample(client.get("/metrics").text, not_found) == before + 1
+
+
+def _sample(metrics: str, series: str) -> float:
+    """The value of one Prometheus series in a /metrics text (0 when it was never incremented)."""
+    for line in metrics.splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    return 0.0
