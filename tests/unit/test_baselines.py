@@ -19,7 +19,7 @@ from clm.generalisation import (
     TrainingVocabulary,
     generalisation_groups,
 )
-from clm.records import parse_record
+from clm.records import load_records, parse_record
 from clm.recipes.batches import collect_clm_texts, encode_records
 from clm.recipes.config import build_config
 from clm.recipes.train_clm_heads import TrainCLMHeadsRecipe
@@ -140,7 +140,7 @@ def test_a_run_reports_baselines_without_encoding_a_single_extra_text(tiny_qwen3
     first = TrainCLMHeadsRecipe(build_config(raw))
     first.run_train_validation_loop()
     result = first.result
-    splits_texts = collect_clm_texts(r for records in first.records.values() for r in records)
+    splits_texts = collect_clm_texts(r for path in data.values() for r in load_records(path))
     assert result.texts_embedded == result.texts_total == len(splits_texts) == len(first.table)
     evaluation = TrainCLMHeadsRecipe(build_config(raw, [
         ("mode", "eval"), ("heads.init_checkpoint", str(tmp_path / "ckpt" / "h")),
@@ -155,4 +155,7 @@ def test_a_run_reports_baselines_without_encoding_a_single_extra_text(tiny_qwen3
         assert validation["majority"]["overall"]["count"] == report["before"]["validation"]["overall"]["count"]
         assert UNSEEN_QUESTION in report["generalisation"]["validation"]["groups"]
         assert "heads - logistic_regression" in report["comparisons"]["validation"]["overall"]
+        page = (run.report_path.parent / "report.html").read_text()
+        assert "<th>heads - logistic_regression (95% CI)</th>" in page and UNSEEN_QUESTION in page
+        assert "reliability-before-validation.png" in page  # the diagrams stay
     assert "after - before" in json.loads(result.report_path.read_text())["comparisons"]["test"]["overall"]
