@@ -45,6 +45,7 @@ HEADS_NAME = "soc-triage"  # docker-compose.yml's CLM_SERVE_HEADS_NAME default
 CLM_SERVICES = ("embedder", "trainer-api", "trainer-worker", "clm-serve", "vllm")
 JOB_TIMEOUT_S = 900
 MIN_FREE_GB = int(os.environ.get("CLM_COMPOSE_MIN_FREE_GB", "45"))
+CONTAINERS_GB = 30  # vfs: two full copies of its image per container, 7 containers at the peak
 
 
 def free_port() -> int:
@@ -253,9 +254,12 @@ def main() -> int:
         log("building the images (docker compose build)")
         stack.compose("--progress", "plain", "build", timeout=3600, capture=False)
         figures["build_seconds"] = round(time.monotonic() - started, 1)
-        # vfs stores every layer, and every container's two layers, as full copies: drop the build
-        # stages (about 11 GB) before starting containers (about 26 GB at the scale-2 peak).
-        stack.docker("builder", "prune", "--all", "--force", timeout=900)
+        # vfs stores every layer, and every container's two layers, as full copies: the build
+        # stages (about 11 GB) are dropped when the containers (about 26 GB at the scale-2 peak)
+        # would not fit beside them. Pruning is slow (minutes of file deletion), so only then.
+        if shutil.disk_usage(work).free / 2**30 < CONTAINERS_GB + 5:
+            log("pruning the build cache to make room for the containers")
+            stack.docker("builder", "prune", "--all", "--force", timeout=1200)
         stack.docker("image", "prune", "--force")
         figures["image_sizes"] = stack.image_sizes()
 
