@@ -283,7 +283,7 @@ async def encode_with_retry(
             with attempt:
                 attempts += 1
                 return (await backend.encode(texts)).vectors
-    except EncoderInputError:
+    except (EncoderInputError, EncoderChanged):  # the input's fault, or another encoder: as they are
         raise
     except EncoderError as error:
         if attempts <= 1:
