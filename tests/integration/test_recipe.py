@@ -216,7 +216,8 @@ def test_eval_after_train_is_served_by_the_train_runs_table_without_encoding(bas
     assert not (tmp_path / "cold-cache" / "vectors").exists()  # the encoder was never opened
     report = json.loads(evaluated.report_path.read_text())
     assert report["embedding"]["table"] == str(train_table)
-    assert [e.counters for e in events if e.phase == "embedding"] == [{"texts_embedded": 0}]
+    [embedding] = [e.counters for e in events if e.phase == "embedding"]
+    assert embedding["texts_embedded"] == 0 and embedding["from_cache"] == evaluated.texts_total
 
 
 def test_pooling_auto_is_accepted_and_resolved_to_last_for_the_causal_tiny_qwen3(base_config):
