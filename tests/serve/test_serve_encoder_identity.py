@@ -128,6 +128,7 @@ def test_embedder_restarted_with_another_model_under_load(tmp_path, tiny_qwen3_d
 
         with Load(serve.url) as load:
             wait_for(lambda: len(load.results) >= 20, 60, "load on clm-serve")
+            swapped_at = time.monotonic()
             embedder.stop()
             embedder.env["CLM_EMBEDDER_MODEL"] = str(other_model_dir)
             embedder.start()
@@ -135,8 +136,9 @@ def test_embedder_restarted_with_another_model_under_load(tmp_path, tiny_qwen3_d
             assert digest_b != digest_a
             # The test can fail: B's vectors are far from A's (had clm-serve scored them, answers would move).
             assert float(vector_a @ vector(embedder.url, REQUESTS[0]["state"]["rule"])) < 0.9
-            swapped_at = time.monotonic()
 
+            # Named by the request that met B's vectors, or, once the identity is reloaded, by the
+            # refusal of A's heads for B (whichever the load meets first: both name the two digests).
             def refused_naming_both() -> bool:
                 return any(status == 503 and digest_a in body["error"]["message"]
                            and digest_b in body["error"]["message"] for _, _, status, body in load.since(swapped_at))

@@ -105,8 +105,9 @@ def check_compatible(ckpt: LoadedCheckpoint, encoder: EncoderFingerprint, encode
         theirs, ours = ckpt.encoder.as_dict(), encoder.as_dict()
         diff = ", ".join(f"{k}: checkpoint {theirs[k]!r} vs encoder {ours[k]!r}" for k in ours if theirs[k] != ours[k])
         raise HeadsRefused(
-            f"{where}: encoder fingerprint {ckpt.encoder.digest[:16]} differs from this service's encoder "
-            f"{encoder.digest[:16]} ({diff})"
+            # Full digests: they are what the embedder's X-CLM-Encoder header and /v1/encoder show.
+            f"{where}: encoder fingerprint {ckpt.encoder.digest} differs from this service's encoder "
+            f"{encoder.digest} ({diff})"
         )
     if ckpt.config.encoder_dim != encoder_dim:
         raise HeadsRefused(f"{where}: heads expect encoder_dim {ckpt.config.encoder_dim}, the encoder gives {encoder_dim}")
