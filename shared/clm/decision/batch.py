@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from clm.decision.errors import DecisionBatchError
-from clm.decision.identities import DecisionTargetProtocol, QuestionLogits
+from clm.decision.identities import DecisionTargetProtocol, QuestionLogits, option_mismatch_kind
 from clm.decision.targets import DecisionTargets
 
 __all__ = [
@@ -101,7 +101,7 @@ def _validated_rows(
                     f"{question_scores.question_id!r} (question order differs from the supervision {list(question_ids)})"
                 )
             if question_scores.option_ids != options:
-                kind = "option order" if sorted(question_scores.option_ids) == sorted(options) else "option ids"
+                kind = option_mismatch_kind(question_scores.option_ids, options)
                 raise DecisionBatchError(
                     f"{where}: {kind} differ: scores have {list(question_scores.option_ids)}, "
                     f"supervision has {list(options)}"

@@ -68,3 +68,11 @@ class QuestionLogits:
     def __post_init__(self) -> None:
         # Identities are compared as tuples; a list given by a caller would never match.
         object.__setattr__(self, "option_ids", tuple(self.option_ids))
+
+
+def option_mismatch_kind(got: tuple[str, ...], expected: tuple[str, ...]) -> str:
+    """Which identity check two option-id tuples fail: the same ids reordered, or other ids.
+
+    Batch assembly and reference preparation name it the same way, so a caller reading either
+    error knows whether to fix an order or a vocabulary."""
+    return "option order" if sorted(got) == sorted(expected) else "option ids"

@@ -15,7 +15,7 @@ import torch
 
 from clm.decision.constants import IGNORE_INDEX, QUESTION_TYPE_IDS, SCORE_TYPE
 from clm.decision.errors import DecisionTargetsError
-from clm.decision.identities import DecisionTargetProtocol, QuestionLogits
+from clm.decision.identities import DecisionTargetProtocol, QuestionLogits, option_mismatch_kind
 
 
 def prepared_fields(
@@ -203,7 +203,7 @@ def _checked_reference_row(
             f"question {scores.question_id!r}"
         )
     if scores.option_ids != options:
-        kind = "option order" if sorted(scores.option_ids) == sorted(options) else "option ids"
+        kind = option_mismatch_kind(scores.option_ids, options)
         raise DecisionTargetsError(
             f"{where}: reference {kind} differ: reference has {list(scores.option_ids)}, supervision has {list(options)}"
         )
