@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from clm.checkpoint import publish_checkpoint
-from clm.devstack import Service, start_embedder, start_serve
+from clm_devtools.devstack import Service, start_embedder, start_serve
 from clm.encoders.base import EncoderFingerprint
 from clm.encoders.minilm import MINILM_MAX_TOKENS, MINILM_NAME, minilm_model_dir
 from clm.encoders.model_identity import fingerprint_for_model_dir

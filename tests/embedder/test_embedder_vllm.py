@@ -10,7 +10,7 @@ import httpx
 import numpy as np
 import pytest
 
-from clm.devstack import start_embedder
+from clm_devtools.devstack import start_embedder
 from clm.encoders.local import LocalEncoder
 
 pytestmark = pytest.mark.vllm

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from clm.checkpoint import list_versions
-from clm.procs import start_redis
+from clm_devtools.procs import start_redis
 
 from support.faults import (
     Embedder,

@@ -26,9 +26,9 @@ from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
-from clm.devstack import start_embedder, start_serve, start_trainer_api
+from clm_devtools.devstack import start_embedder, start_serve, start_trainer_api
 from clm.encoders.model_identity import fingerprint_for_model_dir
-from clm.procs import start_redis, wait_http
+from clm_devtools.procs import start_redis, wait_http
 
 from support.serve import HEADS_NAME, MAX_TOKENS, publish
 

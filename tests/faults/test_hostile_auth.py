@@ -19,9 +19,9 @@ import httpx
 import pytest
 import redis
 
-from clm.devstack import start_serve
+from clm_devtools.devstack import start_serve
 from clm.encoders.model_identity import fingerprint_for_model_dir
-from clm.procs import start_redis, wait_http
+from clm_devtools.procs import start_redis, wait_http
 
 from support.serve import HEADS_NAME, MAX_TOKENS, publish
 from support.trainer import TrainerStack, is_terminal, recipe_config, wait_job, write_data

@@ -18,8 +18,8 @@ import httpx
 import numpy as np
 import pytest
 
-from clm.devstack import start_embedder
-from clm.procs import start_redis
+from clm_devtools.devstack import start_embedder
+from clm_devtools.procs import start_redis
 
 CLIENTS = 32
 

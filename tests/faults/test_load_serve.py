@@ -18,9 +18,9 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from clm.devstack import start_serve
+from clm_devtools.devstack import start_serve
 from clm.encoders.model_identity import fingerprint_for_model_dir
-from clm.procs import wait_http
+from clm_devtools.procs import wait_http
 
 from support.serve import HEADS_NAME, MAX_TOKENS, TRIAGE_REQUEST, publish
 

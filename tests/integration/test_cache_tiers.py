@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 
 from clm.cache import DiskTier, EmbeddingCache, RedisTier, cache_key, decode_vector, encode_vector
 from clm.encoders.base import EncodeResult, EncoderError, EncoderFingerprint
-from clm.procs import start_redis
+from clm_devtools.procs import start_redis
 
 DIM = 16
 

@@ -321,7 +321,7 @@ def test_minilm_sft_from_infonce_heads_learns_and_rl_raises_reward(tmp_path):
 
 def test_remote_embedding_through_the_embedder_service_matches_local(base_config, tiny_encoder, tmp_path):
     """backend: embedder (what trainer workers use): vectors over HTTP, same fingerprint, same heads."""
-    from clm.devstack import start_embedder
+    from clm_devtools.devstack import start_embedder
 
     embedder = start_embedder(tmp_path / "logs", cache_dir=tmp_path / "embedder-cache", model=str(tiny_encoder),
                               extra_env={"CLM_EMBEDDER_POOLING": "last", "CLM_EMBEDDER_MAX_TOKENS": "128"})
@@ -349,8 +349,8 @@ def test_a_job_starting_while_the_embedder_is_down_waits_for_it(tiny_encoder, tm
     """The identity lookup at setup retries (encoder.retry_seconds) instead of failing the job at once."""
     import threading
 
-    from clm.devstack import start_embedder
-    from clm.procs import free_port
+    from clm_devtools.devstack import start_embedder
+    from clm_devtools.procs import free_port
     from clm.recipes.encoder_setup import EmbedderUnreachable, fetch_remote_identity
 
     port = free_port()

@@ -15,7 +15,7 @@ import pytest
 from clm.encoders.base import EncoderError, EncoderInputError
 from clm.encoders.local import LocalEncoder
 from clm.encoders.vllm_client import VLLMEncoder
-from clm.encoders.vllm_server import VLLMServer
+from clm_devtools.vllm_server import VLLMServer
 
 pytestmark = pytest.mark.vllm
 

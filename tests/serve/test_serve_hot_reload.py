@@ -24,7 +24,7 @@ import torch
 from clm.checkpoint import MANIFEST_FILE, PT_FILE, save_checkpoint
 from clm.checkpoint.store import version_label
 from clm.durable import atomic_write_bytes, sha256_file
-from clm.procs import ManagedProcess, free_port, wait_http
+from clm_devtools.procs import ManagedProcess, free_port, wait_http
 from clm.texts import option_texts, state_text
 from support.serve import HEADS_NAME, MAX_TOKENS, TRIAGE_REQUEST, make_heads, publish
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from clm.procs import ManagedProcess, free_port, start_redis, wait_http, wait_until
+from clm_devtools.procs import ManagedProcess, free_port, start_redis, wait_http, wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

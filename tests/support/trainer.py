@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from clm.procs import ManagedProcess, free_port, wait_http
+from clm_devtools.procs import ManagedProcess, free_port, wait_http
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SOC_DATA = REPO_ROOT / "examples" / "data" / "soc_triage"

@@ -13,7 +13,7 @@ import socket
 import pytest
 
 from clm.cache.redis_tier import RedisTier
-from clm.procs import ManagedProcess, free_port, redis_server_binary, start_redis, wait_until
+from clm_devtools.procs import ManagedProcess, free_port, redis_server_binary, start_redis, wait_until
 from clm.redis_connect import parse_sentinel_url, sync_client
 from clm_trainer.queue import JobQueue
 from clm_trainer.settings import TrainerSettings

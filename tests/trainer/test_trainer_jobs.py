@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from clm.checkpoint import list_versions, resolve_latest
-from clm.procs import ManagedProcess, free_port, start_redis, wait_http
+from clm_devtools.procs import ManagedProcess, free_port, start_redis, wait_http
 
 from support.trainer import (
     TOKEN,

@@ -150,7 +150,7 @@ def test_scripts_survive_a_script_cache_flush(settings, queue):
 
 
 def test_unreachable_redis_fails_fast(tmp_path):
-    from clm.procs import free_port
+    from clm_devtools.procs import free_port
 
     settings = TrainerSettings(redis_url=f"redis://127.0.0.1:{free_port()}/0", redis_timeout_s=0.5)
     started = time.monotonic()

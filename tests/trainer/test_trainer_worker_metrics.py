@@ -6,7 +6,7 @@ import re
 
 import httpx
 
-from clm.procs import free_port
+from clm_devtools.procs import free_port
 
 from support.trainer import TrainerStack, recipe_config, wait_job
 

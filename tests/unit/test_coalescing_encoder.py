@@ -13,7 +13,7 @@ from clm.encoders.base import EncoderError
 from clm.encoders.coalescing import CoalescingEncoder, split_tokens
 from clm.encoders.local import LocalEncoder
 from clm.encoders.vllm_client import VLLMEncoder
-from clm.procs import free_port
+from clm_devtools.procs import free_port
 
 
 class CountingBackend:

@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from clm.procs import ManagedProcess, free_port, wait_http
+from clm_devtools.procs import ManagedProcess, free_port, wait_http
 
 BIN_DIR = Path(sys.executable).parent
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from clm.encoders.base import Pooling
-from clm.procs import ManagedProcess, free_port, wait_http
+from clm_devtools.procs import ManagedProcess, free_port, wait_http
 
 _VLLM_POOLING = {"last": "LAST", "mean": "MEAN", "cls": "CLS"}
 
@@ -38,8 +38,8 @@ def default_vllm_python() -> Path:
     configured = os.environ.get("CLM_VLLM_PYTHON")
     if configured:
         return Path(configured)
-    # shared/clm/encoders/vllm_server.py -> the repository root is three folders up from clm/.
-    repo_root = Path(__file__).resolve().parents[3]
+    # devtools/clm_devtools/vllm_server.py -> the repository root is two folders up from clm_devtools/.
+    repo_root = Path(__file__).resolve().parents[2]
     candidate = repo_root / ".venv-vllm" / "bin" / "python"
     if not candidate.exists():
         raise FileNotFoundError(
@@ -154,11 +154,11 @@ class VLLMServer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m clm.encoders.vllm_server MODEL_DIR [--port P]``: serve until interrupted."""
+    """``python -m clm_devtools.vllm_server MODEL_DIR [--port P]``: serve until interrupted."""
     import argparse
     import signal
 
-    parser = argparse.ArgumentParser(prog="python -m clm.encoders.vllm_server")
+    parser = argparse.ArgumentParser(prog="python -m clm_devtools.vllm_server")
     parser.add_argument("model_dir", type=Path)
     parser.add_argument("--port", type=int, default=None)
     parser.add_argument("--pooling", choices=sorted(_VLLM_POOLING), default="last")
