@@ -12,11 +12,11 @@ from transformers import AutoModel, AutoTokenizer
 
 from clm.encoders.base import EncoderError
 from clm.encoders.batching import batch_by_budget
-from clm.encoders.factory import EncoderSpec, build_encoder
 from clm.encoders.local import LocalEncoder
 from clm.encoders.minilm import MINILM_DIM, MINILM_NAME, minilm_model_dir
 from clm.encoders.model_identity import model_content_hash
 from clm.encoders.pooling import last_token_positions
+from clm.encoders.spec import EncoderSpec
 from clm.encoders.tiny_qwen3 import build_tiny_qwen3
 from clm.encoders.vllm_client import VLLMEncoder
 from clm.texts import TEMPLATE_VERSION
@@ -141,18 +141,18 @@ def test_fingerprint_names_content_and_equals_the_vllm_clients(qwen, qwen_dir):
     assert other_template.fingerprint.digest != fingerprint.digest
 
 
-def test_factory_resolves_aliases_folders_and_auto_pooling(qwen_dir):
-    minilm = build_encoder(EncoderSpec(backend="local", model="minilm", device="cpu"))
+def test_the_spec_resolves_aliases_folders_and_auto_pooling(qwen_dir):
+    minilm = EncoderSpec(backend="local", model="minilm", device="cpu").build()
     assert (minilm.fingerprint.pooling, minilm.fingerprint.model, minilm.dim) == ("mean", MINILM_NAME, MINILM_DIM)
-    qwen_local = build_encoder(backend="local", model=str(qwen_dir), max_tokens=512, device="cpu")
-    qwen_remote = build_encoder(backend="vllm", model=str(qwen_dir), max_tokens=512)
+    qwen_local = EncoderSpec(backend="local", model=str(qwen_dir), max_tokens=512, device="cpu").build()
+    qwen_remote = EncoderSpec(backend="vllm", model=str(qwen_dir), max_tokens=512, url="http://127.0.0.1:9").build()
     assert qwen_local.fingerprint.pooling == "last"
-    assert qwen_remote.fingerprint == qwen_local.fingerprint
+    assert qwen_remote.fingerprint == qwen_local.fingerprint and qwen_remote.dim == qwen_local.dim
     asyncio.run(qwen_remote.aclose())
     with pytest.raises(EncoderError, match="weights_id"):
-        build_encoder(backend="vllm", model="Qwen/Qwen3-Embedding-8B", pooling="last")
-    with pytest.raises(EncoderError, match="model folder"):
-        build_encoder(backend="local", model="no/such/model")
+        EncoderSpec(backend="vllm", model="Qwen/Qwen3-Embedding-8B", pooling="last", url="http://127.0.0.1:9").build()
+    with pytest.raises(EncoderError, match="'no/such/model' is neither a known alias"):
+        EncoderSpec(backend="local", model="no/such/model").build()
 
 
 def test_batch_by_budget_bounds_padded_and_packed_cost():

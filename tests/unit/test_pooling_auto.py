@@ -1,8 +1,9 @@
 """``pooling: auto`` is one rule (``clm.encoders.model_identity.auto_pooling``) wherever a model folder is read.
 
-The resolved pooling is part of the encoder fingerprint, so if the embedder
-(``clm.encoders.factory``), the recipe and clm-serve decided ``auto``
-differently, clm-serve would refuse the heads the trainer made. The case that
+The resolved pooling is part of the encoder fingerprint, so if the embedder,
+the recipe and clm-serve decided ``auto`` differently, clm-serve would refuse
+the heads the trainer made. Each maps its settings onto
+``clm.encoders.spec.EncoderSpec``; these tests go through those mappings. The case that
 split them before: Qwen3-Embedding's folder names the bare backbone
 (``architectures: ["Qwen3Model"]``, no ``*ForCausalLM``).
 """
@@ -16,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from clm.encoders.factory import build_encoder
 from clm.encoders.minilm import minilm_model_dir
 from clm.encoders.model_identity import auto_pooling
 from clm.recipes.config import build_config
@@ -39,12 +39,13 @@ def qwen3_backbone_dir(tiny_qwen3_dir, tmp_path_factory) -> Path:
 
 def test_a_qwen3_backbone_folder_resolves_to_last_token_in_the_embedder_the_recipe_and_clm_serve(
         qwen3_backbone_dir):
-    from clm_serve.encoding import open_encoder
+    from clm_embedder.settings import EmbedderSettings
     from clm_serve.settings import ServeSettings
 
     assert auto_pooling(qwen3_backbone_dir) == "last"
 
-    embedder = build_encoder(backend="vllm", model=str(qwen3_backbone_dir), pooling="auto", max_tokens=128)
+    embedder = EmbedderSettings(backend="vllm", model=str(qwen3_backbone_dir), pooling="auto",
+                                max_tokens=128).encoder_spec().build()
     asyncio.run(embedder.aclose())  # an HTTP client only: the fingerprint is derived from the folder
 
     recipe_config = build_config({"mode": "train", "data": {"train": "t.jsonl", "validation": "v.jsonl"},
@@ -52,8 +53,8 @@ def test_a_qwen3_backbone_folder_resolves_to_last_token_in_the_embedder_the_reci
                                               "max_tokens": 128}})
     recipe = TrainCLMHeadsRecipe(recipe_config)._embedding_config().fingerprint
 
-    serve = open_encoder(ServeSettings(encoder_model=str(qwen3_backbone_dir), encoder_pooling="auto",
-                                       encoder_max_tokens=128, encoder_device="cpu"))
+    serve = ServeSettings(encoder_model=str(qwen3_backbone_dir), encoder_pooling="auto",
+                          encoder_max_tokens=128, encoder_device="cpu").encoder_spec().build()
     asyncio.run(serve.aclose())
 
     assert embedder.fingerprint.pooling == recipe.pooling == serve.fingerprint.pooling == "last"

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
+from clm.encoders.spec import EncoderSpec
 from clm.redis_connect import parse_sentinel_url
 from clm_http.settings import ServiceSettings, body_limit_field, port_field
 
@@ -49,6 +50,16 @@ class EmbedderSettings(ServiceSettings):
     max_chars_per_input: int = Field(32768, ge=1, description="A longer input gets 413.")
     max_in_flight_requests: int = Field(16, ge=1, description="Requests processed at once; more get 503 with Retry-After.")
     retry_after_s: int = Field(1, ge=1, description="Retry-After seconds sent with 429/503.")
+
+    def encoder_spec(self) -> EncoderSpec:
+        """The encoder these settings describe (``clm.encoders.spec``: the one way encoders are built)."""
+        return EncoderSpec(
+            backend=self.backend, model=self.model, pooling=self.pooling, normalize=self.normalize, dtype=self.dtype,
+            max_tokens=self.max_tokens, device=self.device, local_batch_tokens=self.local_batch_tokens,
+            weights_id=self.weights_id, url=self.vllm_url, served_model=self.vllm_model,
+            remote_batch_texts=self.vllm_batch_size, max_concurrency=self.vllm_max_concurrency,
+            timeout_s=self.vllm_timeout_s, retries=self.vllm_retries,
+        )
 
     @field_validator("redis_url")
     @classmethod

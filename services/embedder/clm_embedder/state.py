@@ -6,7 +6,6 @@ from dataclasses import dataclass
 
 from clm.cache import DiskTier, EmbeddingCache, RedisTier
 from clm.encoders.coalescing import CoalescingEncoder
-from clm.encoders.factory import build_encoder
 
 from .admission import AdmissionGate
 from .instrumented import InstrumentedBackend
@@ -26,7 +25,7 @@ class EmbedderState:
     @classmethod
     def build(cls, settings: EmbedderSettings, metrics: EmbedderMetrics | None = None) -> "EmbedderState":
         metrics = metrics or EmbedderMetrics.create()
-        backend = InstrumentedBackend(build_encoder(settings), metrics)
+        backend = InstrumentedBackend(settings.encoder_spec().build(), metrics)
         # A local model computes one batch at a time; vLLM takes several requests at once.
         concurrency = settings.vllm_max_concurrency if settings.backend == "vllm" else 1
         encoder = CoalescingEncoder(backend, window_ms=settings.coalesce_window_ms, max_concurrency=concurrency)

@@ -23,10 +23,10 @@ import logging
 
 from clm.encoders.base import EncoderBackend, EncoderChanged, EncoderError
 from clm.encoders.coalescing import CoalescingEncoder
+from clm.encoders.spec import fetch_remote_identity
 
 from clm_serve.action_cache import OptionEmbeddings
 from clm_serve.batcher import ProjectionBatcher
-from clm_serve.encoding import open_encoder
 from clm_serve.engine import DecisionEngine
 from clm_serve.metrics import ServeMetrics
 from clm_serve.reloader import HeadsManager, warm_option_texts
@@ -163,8 +163,6 @@ class ServeRuntime:
         """Ask the embedder its identity every ``poll_interval_s``: a swap is noticed even without traffic,
         and, once heads were refused for a new identity, a return to one they match is noticed too
         (no request reaches the encoder while no heads are loaded)."""
-        from clm.recipes.encoder_setup import fetch_remote_identity
-
         url, encoder = self.settings.embedder_url, self.encoder
         assert url is not None and encoder is not None
         while not stop.is_set():
@@ -184,8 +182,13 @@ class ServeRuntime:
         attempt = 0
         while self.encoder is None:
             try:
-                self.encoder = await asyncio.to_thread(open_encoder, self.settings)
+                # Blocking (loads a model, or asks the embedder its fingerprint): off the event loop.
+                self.encoder = encoder = await asyncio.to_thread(self.settings.encoder_spec().build)
                 self.startup_error = None
+                logger.info("encoder %s (%s pooling, dim %d), fingerprint %s%s", encoder.fingerprint.model,
+                            encoder.fingerprint.pooling, encoder.dim, encoder.fingerprint.digest[:16],
+                            f", served by the embedder at {self.settings.embedder_url}"
+                            if self.settings.embedder_url else ", in-process")
             except (EncoderError, OSError) as error:
                 self.startup_error = str(error)
                 if not self.settings.embedder_url:  # a local model that cannot load will not load later

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
+from clm.encoders.spec import EncoderSpec
 from clm_http.settings import ServiceSettings, body_limit_field, port_field
 
 
@@ -49,3 +50,18 @@ class ServeSettings(ServiceSettings):
     max_questions: int = Field(64, ge=1, description="Questions per request.")
     max_options: int = Field(64, ge=2, description="Options per question.")
     max_state_chars: int = Field(100_000, ge=1, description="A longer rendered state gets 400.")
+
+    def encoder_spec(self) -> EncoderSpec:
+        """The encoder these settings describe (``clm.encoders.spec``: the one way encoders are built).
+
+        With ``embedder_url`` the embedder is asked for its fingerprint (never guessed: every checkpoint is
+        checked against it) and must name it on every answer; vectors travel as ``embedding_round_to``,
+        since they are rounded to it before the heads anyway. Otherwise the model runs in this process.
+        """
+        return EncoderSpec(
+            backend="embedder" if self.embedder_url else "local", model=self.encoder_model,
+            pooling=self.encoder_pooling, normalize=True, dtype=self.encoder_dtype,
+            max_tokens=self.encoder_max_tokens, device=self.encoder_device, url=self.embedder_url,
+            max_concurrency=self.embedder_concurrency, timeout_s=self.embedder_timeout_s,
+            retries=self.embedder_retries - 1, wire_dtype=self.embedding_round_to,
+        )

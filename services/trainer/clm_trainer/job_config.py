@@ -34,8 +34,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from clm.encoders.spec import MODEL_ALIASES
 from clm.recipes.config import ConfigError, RecipeConfig, build_config
-from clm.recipes.encoder_setup import MODEL_ALIASES
 
 from .settings import TrainerSettings
 

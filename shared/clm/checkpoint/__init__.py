@@ -2,7 +2,8 @@
 
 * ``format``: the content, its constants and every validation (``CheckpointError``).
 * ``files``: one checkpoint directory: ``save_checkpoint`` / ``load_checkpoint``.
-* ``store``: numbered versions under a shared root with an atomic ``latest`` pointer.
+* ``store``: numbered versions under a shared root with an atomic ``latest`` pointer, and
+  ``load_heads_reference`` (a file, a version folder or a published name folder).
 """
 
 from clm.checkpoint.files import (
@@ -27,6 +28,7 @@ from clm.checkpoint.store import (
     LATEST_FILE,
     PublishedVersion,
     list_versions,
+    load_heads_reference,
     publish_checkpoint,
     resolve_latest,
 )
@@ -47,6 +49,7 @@ __all__ = [
     "checkpoint_sha256",
     "list_versions",
     "load_checkpoint",
+    "load_heads_reference",
     "publish_checkpoint",
     "read_option_texts",
     "resolve_latest",

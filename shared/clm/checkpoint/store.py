@@ -33,7 +33,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from clm.checkpoint.files import read_manifest, save_checkpoint
+from clm.checkpoint.files import LoadedCheckpoint, load_checkpoint, read_manifest, save_checkpoint
 from clm.checkpoint.format import MANIFEST_FILE, PT_FILE, CheckpointError
 from clm.durable import atomic_write_bytes, fsync_dir, temp_sibling
 from clm.encoders.base import EncoderFingerprint
@@ -111,6 +111,17 @@ def resolve_latest(root: str | os.PathLike, name: str) -> PublishedVersion:
         raise CheckpointError(f"{name_dir / LATEST_FILE} points at {version_dir.name}, which is not a complete version")
     sha = read_manifest(version_dir)["files"][PT_FILE]["sha256"]
     return PublishedVersion(name, version, version_dir, sha)
+
+
+def load_heads_reference(path: str | os.PathLike) -> LoadedCheckpoint:
+    """heads.pt, a checkpoint folder, or a published name folder (then the version its ``latest`` names).
+
+    How a recipe's ``heads.init_checkpoint`` and ``clm eval --compare`` name heads.
+    """
+    path = Path(path)
+    if (path / LATEST_FILE).is_file():
+        path = resolve_latest(path.parent, path.name).path
+    return load_checkpoint(path)
 
 
 def _name_dir(root: str | os.PathLike, name: str) -> Path:

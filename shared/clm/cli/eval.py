@@ -77,20 +77,15 @@ def run(args: argparse.Namespace) -> int:
 def _compare_here(args: argparse.Namespace, config: Any, heads: list[Path], settings: Any) -> int:
     from clm.recipes.evaluation import score_records
     from clm.recipes.progress import TqdmProgress
-    from clm.recipes.train_clm_heads import (
-        EVAL_SPLITS,
-        INPUT_ERRORS,
-        RUN_ERRORS,
-        TrainCLMHeadsRecipe,
-        _load_init_checkpoint,
-    )
+    from clm.checkpoint import load_heads_reference
+    from clm.recipes.train_clm_heads import EVAL_SPLITS, INPUT_ERRORS, RUN_ERRORS, TrainCLMHeadsRecipe
 
     progress = None if args.no_progress else TqdmProgress()
     recipe = TrainCLMHeadsRecipe(config, progress=progress)
     try:
         recipe.setup()  # loads the splits and A, embeds every text once (from the cache when it can)
-        other = _load_init_checkpoint(heads[1])
-        recipe._check_checkpoint_contract(other)
+        other = load_heads_reference(heads[1])
+        recipe.check_checkpoint_encoder(other, key="--compare B")
         assert recipe.init_checkpoint is not None and recipe.table is not None
         scored = {
             label: {split: score_records(checkpoint.to_heads(recipe.device), recipe.table, recipe.encoded[split],

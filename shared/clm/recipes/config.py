@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from clm.decision.config import DecisionLossConfig
 from clm.decision.errors import DecisionLossConfigError
+from clm.encoders.spec import EncoderSpec
 from clm.heads import HeadConfig
 from clm.recipes.overrides import OverrideError, apply_overrides, parse_overrides
 
@@ -74,10 +75,15 @@ class EncoderConfig(_Section):
 
     ``backend: local`` runs the model in-process (no services needed; under
     torchrun each rank runs its own copy on its own device);
-    ``backend: embedder`` calls an OpenAI-compatible ``/v1/embeddings``
-    endpoint at ``embedder_url`` (our embedder service, or vLLM directly);
-    while that endpoint is unavailable (restarting, its vLLM down) a run waits
-    and retries each batch with backoff for up to ``retry_seconds`` in total.
+    ``backend: embedder`` calls our embedder service at ``embedder_url``,
+    which names its encoder (``GET /v1/encoder``) and every answer's; while it
+    is unavailable (restarting, its vLLM down) a run waits and retries each
+    batch with backoff for up to ``retry_seconds`` in total.
+
+    The section maps onto the one encoder description, :meth:`spec`
+    (:class:`clm.encoders.spec.EncoderSpec`), as the embedder's and
+    clm-serve's settings do: the recipe builds and fingerprints its encoder
+    with the same code as the services.
     """
 
     backend: Literal["local", "embedder"] = "local"
@@ -89,7 +95,7 @@ class EncoderConfig(_Section):
         "last", description="'auto': last-token for causal decoders, mean otherwise (one rule: "
                             "clm.encoders.model_identity.auto_pooling, as the embedder and clm-serve)")
     normalize: bool = True
-    dtype: str = "float32"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     max_tokens: int = Field(256, gt=0)
     device: str = Field("auto", description="local backend: 'auto' = cuda where present, else cpu; under "
                                             "torchrun 'auto'/'cuda' mean cuda:<LOCAL_RANK>")
@@ -114,6 +120,15 @@ class EncoderConfig(_Section):
         if self.backend == "embedder" and not self.embedder_url:
             raise ValueError("encoder.backend 'embedder' needs encoder.embedder_url (e.g. http://embedder:8000)")
         return self
+
+    def spec(self, device: str | None = None) -> EncoderSpec:
+        """This section as the encoder to build; ``device`` overrides ``device`` (a torchrun rank's own)."""
+        return EncoderSpec(
+            backend=self.backend, model=self.model, pooling=self.pooling, normalize=self.normalize,
+            dtype=self.dtype, max_tokens=self.max_tokens, device=device or self.device,
+            local_batch_texts=self.batch_size, url=self.embedder_url or "", remote_batch_texts=self.batch_size,
+            max_concurrency=self.concurrency, timeout_s=self.timeout_s, identity_retry_s=self.retry_seconds,
+        )
 
 
 class CacheConfig(_Section):

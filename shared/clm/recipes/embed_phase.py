@@ -1,16 +1,20 @@
 """One rank's work in the recipe's embed phase, kept apart from the recipe's control flow.
 
-``TrainCLMHeadsRecipe._embed_all`` decides (cache hit, which chunks are
-this rank's, when failures are relayed); this module does the work: encode
-a rank's chunks with the configured backend (into the table directly when a
-process is alone, else into one array for its shard file), and assemble the
-shards into the table on rank 0. See :mod:`clm.recipes.shards` for why a
+``TrainCLMHeadsRecipe._embed_all`` decides whether a cached table answers;
+this module does the rest: which chunks are this rank's, encoding them with
+the configured encoder (into the table directly when a process is alone,
+else into one array for its shard file), relaying any rank's failure to
+every rank, and assembling the shards into the table on rank 0. See :mod:`clm.recipes.shards` for why a
 chunk is the unit.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -18,9 +22,12 @@ from clm.embedding_table import EmbeddingTable, EmbeddingTableError
 from clm.encoders.base import EncoderError
 from clm.recipes import embedding, shards
 from clm.recipes.config import RecipeConfig
-from clm.recipes.encoder_setup import open_local_encoder, open_remote_encoder
+from clm.recipes.distributed import RankInfo, all_gather, rank_device
+from clm.recipes.errors import RankFailedError
 from clm.recipes.progress import ProgressCallback, ProgressEvent
 from clm.recipes.results import EmbeddingContract
+
+logger = logging.getLogger(__name__)
 
 
 async def encode_rank_chunks(cfg: RecipeConfig, contract: EmbeddingContract, device: str,
@@ -46,28 +53,74 @@ async def encode_rank_chunks(cfg: RecipeConfig, contract: EmbeddingContract, dev
 
     if not chunks:  # more ranks than chunks: this one has nothing to do
         return np.zeros((0, contract.dim), dtype=np.float32), 0
-    if cfg.encoder.backend == "local":
-        backend = open_local_encoder(cfg.encoder, device=device)
-    else:
-        backend = open_remote_encoder(
-            cfg.encoder, on_retry=lambda message: progress(ProgressEvent("embedding", 0, 0, message)))
+    spec = cfg.encoder.spec(device=device)
+    # The embedder's identity is asked again (and waited for, visibly), so a model swapped since the run
+    # read it is caught here.
+    backend = spec.build(on_retry=lambda message: progress(ProgressEvent("embedding", 0, 0, message)))
     try:
         if backend.fingerprint.digest != contract.fingerprint.digest:
             raise EncoderError(f"the encoder's fingerprint changed while the run started: {backend.fingerprint}")
-
-        async def run(encode: embedding.EncodeChunk):
+        retry = embedding.RetryPolicy(budget_s=cfg.encoder.retry_seconds)
+        async with embedding.chunk_encoder(backend, spec, cfg.cache.dir, cfg.cache.redis_url, retry,
+                                           retry_notice) as encode:
             if path is not None:
                 assert texts is not None
                 return await embedding.build_table(path, texts, backend, encode, report, cfg.encoder.chunk_texts)
             return await embedding.encode_chunks(chunks, backend.dim, encode, report)
-
-        if cfg.encoder.backend == "local":
-            async with embedding.vector_cache_encoder(backend, cfg.cache.dir, cfg.cache.redis_url) as encode:
-                return await run(encode)
-        retry = embedding.RetryPolicy(budget_s=cfg.encoder.retry_seconds)
-        return await run(embedding.remote_encoder(backend, retry, retry_notice))
     finally:
         await backend.aclose()
+
+
+def build_sharded_table(cfg: RecipeConfig, contract: EmbeddingContract, info: RankInfo, texts: list[str],
+                        path: Path, progress: ProgressCallback) -> tuple[EmbeddingTable, list[dict[str, Any]]]:
+    """Encode this rank's chunks, then (rank 0) assemble the shards into the table at ``path``.
+
+    Collective under torchrun. Returns the table and, per rank, what it
+    encoded: ``{"rank", "chunks", "texts", "texts_embedded"}``.
+    """
+    plan = shards.ShardPlan(len(texts), cfg.encoder.chunk_texts, info.world_size)
+    staging = shards.staging_dir(path, plan)
+    mine = plan.texts_of(info.rank, texts)
+    device = rank_device(cfg.encoder.device, info)
+    table, failure, embedded = None, None, 0
+    try:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)  # an unwritable cache fails here, before the model
+            if info.distributed:
+                vectors, embedded = asyncio.run(encode_rank_chunks(cfg, contract, device, mine, progress))
+                shards.write_shard(shards.shard_path(staging, info.rank, info.world_size), vectors)
+            else:
+                table, embedded = asyncio.run(encode_rank_chunks(cfg, contract, device, mine, progress, texts, path))
+        except Exception as error:  # noqa: BLE001  (relayed to every rank just below)
+            failure = as_cache_failure(error, path)
+        raise_cache_failure(info, failure, "encoding and writing its embedding shard")
+        ranks = all_gather({"rank": info.rank, "chunks": plan.chunks_of(info.rank),
+                            "texts": plan.rows_of(info.rank), "texts_embedded": embedded})
+        logger.info("%s encoded its shard: %d chunks, %d texts (%d asked of the encoder) of %d", info,
+                    len(mine), plan.rows_of(info.rank), embedded, len(texts))
+        if not info.distributed:
+            assert table is not None
+            return table, ranks
+        if info.is_main:
+            try:
+                table = assemble_table(plan, staging, texts, path, contract)
+            except Exception as error:  # noqa: BLE001
+                failure = as_cache_failure(error, path)
+        raise_cache_failure(info, failure, "assembling the embedding table from the shards")
+        return (table if table is not None else open_table(path, contract.fingerprint.digest, path)), ranks
+    finally:
+        if info.distributed and info.is_main:
+            shards.remove_staging(staging)  # every rank is past its writes: the collectives above are barriers
+
+
+def open_table(found: Path, fingerprint: str, path: Path) -> EmbeddingTable:
+    """The cached table at ``found``; a filesystem failure as ``EmbeddingCacheError`` naming ``path``."""
+    try:
+        return EmbeddingTable.open(found, fingerprint)
+    except EmbeddingTableError as error:
+        if isinstance(error.__cause__, OSError):
+            raise embedding.EmbeddingCacheError(path, error.__cause__) from error
+        raise
 
 
 def assemble_table(plan: shards.ShardPlan, staging: Path, texts: list[str], path: Path,
@@ -96,3 +149,40 @@ def as_cache_failure(error: Exception, path: Path) -> Exception:
     if isinstance(error, EmbeddingTableError) and isinstance(error.__cause__, OSError):
         return embedding.EmbeddingCacheError(path, error.__cause__)
     return error
+
+
+def raise_cache_failure(info: RankInfo, failure: Exception | None, phase: str) -> None:
+    """Propagate cache filesystem failures before any rank enters the next phase.
+
+    Collective under torchrun (every rank calls it at the end of ``phase``,
+    with its own failure or None): if any rank failed, every rank raises
+    the first failure's message; a cache failure as ``EmbeddingCacheError``
+    (the same message on every rank), another failure as itself on its
+    rank and as ``RankFailedError`` on the others.
+    """
+    report = None
+    if failure is not None:
+        kind = "cache" if isinstance(failure, embedding.EmbeddingCacheError) else type(failure).__name__
+        where = f"{info}, {phase}: " if info.distributed else ""
+        report = (info.rank, kind, where + str(failure), str(getattr(failure, "path", "")))
+    failures = [item for item in all_gather(report) if item is not None]
+    if not failures:
+        return
+    rank, kind, message, path = failures[0]
+    if kind == "cache":
+        if not info.distributed and isinstance(failure, embedding.EmbeddingCacheError):
+            raise failure
+        error: Exception = embedding.EmbeddingCacheError.relayed(message, Path(path))
+    elif failure is not None and rank == info.rank:
+        error = failure
+    else:
+        error = RankFailedError(f"{message} ({kind})")
+    error.all_ranks = True  # type: ignore[attr-defined]  (main() waits for every rank to report it)
+    raise error from failure
+
+
+def embedding_timing(texts: int, texts_embedded: int, started: float) -> dict[str, Any]:
+    """The embed phase in numbers: texts requested, answered by a cached table or vector cache, s, texts/s."""
+    seconds = time.perf_counter() - started
+    return {"texts_requested": texts, "texts_embedded": texts_embedded, "from_cache": texts - texts_embedded,
+            "seconds": round(seconds, 3), "texts_per_s": round(texts / seconds, 1) if seconds > 0 else None}

@@ -21,7 +21,7 @@ A filesystem failure of the cache (unwritable folder, full disk) raises
 An unavailable embedder (restarting, or its vLLM down: connection refused,
 503, timeouts) does not fail a run at once: each remote batch is retried with
 exponential backoff for up to ``encoder.retry_seconds`` from its first
-failure (``embed_remote``'s ``retry``), and every retry is announced through
+failure (:func:`chunk_encoder`'s ``retry``), and every retry is announced through
 ``on_retry`` (the recipe turns it into an ``embedding`` progress event, so a
 trainer job shows it in its events). Nothing is written to the table for a
 batch that failed; a refused input (``EncoderInputError``) is never retried.
@@ -56,6 +56,7 @@ from clm.cache.tiered import EmbeddingCache
 from clm.durable import temp_sibling
 from clm.embedding_table import EmbeddingTable, EmbeddingTableError
 from clm.encoders.base import EncoderBackend, EncoderChanged, EncoderError, EncoderInputError
+from clm.encoders.spec import EncoderSpec
 
 log = logging.getLogger(__name__)
 
@@ -210,20 +211,6 @@ async def vector_cache_encoder(backend: EncoderBackend, cache_dir: Path,
         await cache.aclose()
 
 
-async def embed_with_vector_cache(
-    texts: Sequence[str],
-    backend: EncoderBackend,
-    cache_dir: Path,
-    table_path: Path,
-    progress: EmbedProgress,
-    redis_url: str | None = None,
-    chunk_texts: int = DEFAULT_CHUNK_TEXTS,
-) -> tuple[EmbeddingTable, int]:
-    """Local path, one process: fill the table through the tiered vector cache."""
-    async with vector_cache_encoder(backend, cache_dir, redis_url) as encode_chunk:
-        return await build_table(table_path, texts, backend, encode_chunk, progress, chunk_texts)
-
-
 @dataclass(frozen=True)
 class RetryPolicy:
     """How long a remote batch is retried while the embedder is unavailable (``encoder.retry_seconds``)."""
@@ -317,15 +304,18 @@ def remote_encoder(backend: EncoderBackend, retry: RetryPolicy | None = None,
     return encode_chunk
 
 
-async def embed_remote(
-    texts: Sequence[str],
-    backend: EncoderBackend,
-    table_path: Path,
-    progress: EmbedProgress,
-    retry: RetryPolicy | None = None,
-    on_retry: RetryNotice | None = None,
-    chunk_texts: int = DEFAULT_CHUNK_TEXTS,
-) -> tuple[EmbeddingTable, int]:
-    """Embedder path, one process: the table filled through :func:`remote_encoder`."""
-    return await build_table(table_path, texts, backend, remote_encoder(backend, retry, on_retry), progress,
-                             chunk_texts)
+@asynccontextmanager
+async def chunk_encoder(backend: EncoderBackend, spec: EncoderSpec, cache_dir: Path, redis_url: str | None,
+                        retry: RetryPolicy, on_retry: RetryNotice | None = None) -> AsyncIterator[EncodeChunk]:
+    """How a chunk reaches ``backend``: the one place the embed phase tells a remote encoder from a local one.
+
+    A remote encoder (``spec.is_remote``) caches vectors itself, shared by every
+    trainer, and can be down for a while: its chunks are retried within
+    ``retry``. A local model's vectors are cached here (LMDB, plus Redis when
+    ``redis_url`` is set), and a failure of the model is not an outage.
+    """
+    if spec.is_remote:
+        yield remote_encoder(backend, retry, on_retry)
+        return
+    async with vector_cache_encoder(backend, cache_dir, redis_url) as encode_chunk:
+        yield encode_chunk

@@ -7,8 +7,9 @@ disagree with training about which option a column is.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -16,7 +17,28 @@ from clm.decision.masking import masked_log_softmax
 from clm.embedding_table import EmbeddingTable
 from clm.heads import CLMHeadPair
 from clm.metrics import QuestionPrediction, decision_metrics
-from clm.recipes.batches import EncodedRecord, build_targets, score_batch
+from clm.records import Record
+from clm.records.loader import parse_record
+from clm.recipes.batches import EncodedRecord, EncodedSplit, build_targets, encode_records, score_batch
+
+
+def as_encoded_records(records: Sequence[Any], table: EmbeddingTable) -> list[EncodedRecord]:
+    """Records as the scoring code needs them: ``Record`` objects, record dicts (the JSONL form, as the
+    documents pass them) or already-encoded records; every text must be in ``table``."""
+    if isinstance(records, EncodedSplit):
+        return records
+    encoded: list[EncodedRecord] = []
+    for index, record in enumerate(records):
+        if isinstance(record, EncodedRecord):
+            encoded.append(record)
+            continue
+        if isinstance(record, Mapping):
+            record = parse_record(dict(record), source="records", line=index + 1)
+        if not isinstance(record, Record):
+            raise TypeError(f"records[{index}] is a {type(record).__name__}; expected a record dict, "
+                            "a clm.records.Record or an EncodedRecord")
+        encoded.extend(encode_records([record], table))
+    return encoded
 
 
 @dataclass(frozen=True)

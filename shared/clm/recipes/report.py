@@ -43,6 +43,47 @@ def write_diagrams(
     return names
 
 
+def write_run_report(recipe: Any, before: Mapping[str, Sequence[ScoredQuestion]],
+                     after: Mapping[str, Sequence[ScoredQuestion]] | None, checkpoint: Any) -> Path:
+    """A finished run's report (``recipe``: a set-up ``TrainCLMHeadsRecipe``): diagrams, JSON, HTML.
+
+    ``before``/``after`` are the scored evaluation splits of the initial and the
+    best heads (``after`` is None in eval mode); ``checkpoint`` the published
+    version or None. Returns the JSON path.
+    """
+    from clm.comparison import worth_it_sections  # fits the baselines: only when a report is written
+    from clm.recipes.evaluation import metrics_by_split
+
+    cfg, contract, table, outcome = recipe.cfg, recipe.contract, recipe.table, recipe.outcome
+    assert contract is not None and table is not None
+    report_dir = cfg.output.report_dir
+    diagrams = {"before": write_diagrams(report_dir, "before", before)}
+    if after is not None:
+        diagrams["after"] = write_diagrams(report_dir, "after", after)
+    init = recipe.init_checkpoint
+    report = {
+        "mode": cfg.mode,
+        "loss_mode": cfg.loss.mode if cfg.mode == "train" else None,
+        "config": cfg.to_json_dict(),
+        "encoder": {**contract.fingerprint.as_dict(), "digest": contract.fingerprint.digest, "dim": contract.dim},
+        "embedding": {"texts_total": recipe.texts_total, "texts_embedded": recipe.texts_embedded,
+                      "table": str(table.path), "world_size": recipe.rank.world_size,
+                      "ranks": recipe.embedding_ranks},
+        "init_checkpoint": None if init is None else {"path": str(init.path), "sha256": init.sha256},
+        "before": metrics_by_split(before),
+        "after": None if after is None else metrics_by_split(after),
+        "training": None if outcome is None else {
+            "eval_metric": cfg.train.eval_metric, "best_epoch": outcome.best_epoch,
+            "best_value": outcome.best_value, "history": outcome.history},
+        "checkpoint": None if checkpoint is None else {
+            "path": str(checkpoint.path), "version": checkpoint.label, "sha256": checkpoint.sha256},
+        "diagrams": diagrams,
+        "timings": recipe.timings,
+    }
+    report.update(worth_it_sections(table, recipe.encoded.get("train"), recipe.encoded, before, after))
+    return write_report(report_dir, report)
+
+
 def write_report(report_dir: Path, report: dict[str, Any]) -> Path:
     """Write report.json and report.html atomically; returns the JSON path."""
     report_dir.mkdir(parents=True, exist_ok=True)

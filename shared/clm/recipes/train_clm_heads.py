@@ -30,46 +30,32 @@ Blocking and CPU/GPU bound: services run it on a worker thread or process.
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import hashlib
 import json
 import logging
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from clm.checkpoint import LoadedCheckpoint, PublishedVersion, load_checkpoint, resolve_latest
-from clm.checkpoint.store import LATEST_FILE
-from clm.comparison import worth_it_sections
+from clm.checkpoint import LoadedCheckpoint, PublishedVersion, load_heads_reference
 from clm.decision.batch import QuestionLogits
-from clm.embedding_table import EmbeddingTable, EmbeddingTableError
+from clm.embedding_table import EmbeddingTable
 from clm.encoders.base import EncoderError
 from clm.encoders.local import resolve_device
-from clm.encoders.model_identity import fingerprint_for_model_dir, model_hidden_size
 from clm.heads import CLMHeadPair
-from clm.records import QuestionTarget, Record
+from clm.records import QuestionTarget
 from clm.records.compact import TextIds, load_compact
-from clm.records.loader import parse_record
-from clm.recipes import embed_phase, embedding, shards
-from clm.recipes.batches import EncodedRecord, EncodedSplit, encode_records
-from clm.recipes.batches import forward_identified
+from clm.recipes import embed_phase, embedding
+from clm.recipes.batches import EncodedRecord, EncodedSplit, forward_identified
 from clm.recipes.config import ConfigError, RecipeConfig, load_config
 from clm.recipes.overrides import OverrideError, split_config_argument
-from clm.recipes.distributed import (
-    RankInfo,
-    all_gather,
-    close_distributed,
-    init_distributed,
-    rank_device,
-    wait_for_peers,
-)
-from clm.recipes.encoder_setup import fetch_remote_identity, local_pooling, resolve_model_dir
+from clm.recipes.distributed import RankInfo, all_gather, close_distributed, init_distributed, wait_for_peers
 from clm.recipes.errors import (  # noqa: F401  (re-exported: the trainer worker imports them from here)
     DISK_FULL_ERRNOS,
     INPUT_ERRORS,
@@ -78,11 +64,12 @@ from clm.recipes.errors import (  # noqa: F401  (re-exported: the trainer worker
     RankFailedError,
     publish_heads,
 )
-from clm.recipes.evaluation import ScoredQuestion, metrics_by_split, reference_logprobs, score_records, summarize
+from clm.recipes.evaluation import (ScoredQuestion, as_encoded_records, metrics_by_split, reference_logprobs,
+                                    score_records, summarize)
 from clm.recipes.loop import EpochReport, LoopOutcome, run_epochs
 from clm.recipes.objectives import DecisionObjective, InfoNCEObjective, StepObjective
 from clm.recipes.progress import ProgressCallback, ProgressEvent, ignore_progress
-from clm.recipes.report import write_diagrams, write_report
+from clm.recipes.report import write_run_report
 from clm.recipes.results import EmbeddingContract, RunResult
 from clm.texts import TEMPLATE_VERSION
 
@@ -158,8 +145,8 @@ class TrainCLMHeadsRecipe:
                                    "records_per_s": round(records / seconds, 1) if seconds > 0 else None}
         self.contract = self._embedding_config()
         if self.cfg.heads.init_checkpoint is not None:
-            self.init_checkpoint = _load_init_checkpoint(self.cfg.heads.init_checkpoint)
-            self._check_checkpoint_contract(self.init_checkpoint)
+            self.init_checkpoint = load_heads_reference(self.cfg.heads.init_checkpoint)
+            self.check_checkpoint_encoder(self.init_checkpoint)
         self.texts = sorted(text_ids.texts)
         self.table = self._embed_all(self.texts)
         rows = self.table.rows_of(text_ids.texts)  # text id -> table row, one array for every split
@@ -170,20 +157,10 @@ class TrainCLMHeadsRecipe:
         self.option_texts = [row_texts[row] for row in option_rows.tolist()]
 
     def _embedding_config(self) -> EmbeddingContract:
-        """Fingerprint and width of the configured encoder, without loading a local model."""
-        encoder = self.cfg.encoder
-        if encoder.backend == "local":
-            model_dir, name = resolve_model_dir(encoder.model)
-            fingerprint = fingerprint_for_model_dir(
-                model_dir, pooling=local_pooling(encoder), normalize=encoder.normalize, dtype=encoder.dtype,
-                max_tokens=encoder.max_tokens, model_name=name,
-            )
-            contract = EmbeddingContract(fingerprint, model_hidden_size(model_dir))
-        else:
-            assert encoder.embedder_url is not None
-            contract = EmbeddingContract(*fetch_remote_identity(
-                encoder.embedder_url, encoder.timeout_s, encoder.retry_seconds,
-                on_retry=lambda message: self.progress(ProgressEvent("embedding", 0, 0, message))))
+        """Fingerprint and width of the configured encoder, without loading a local model (the embedder is asked,
+        and waited for while it is unreachable: each retry is an ``embedding`` progress event)."""
+        contract = EmbeddingContract(*self.cfg.encoder.spec().identity(
+            on_retry=lambda message: self.progress(ProgressEvent("embedding", 0, 0, message))))
         if contract.fingerprint.template_version != TEMPLATE_VERSION:
             raise EncoderError(
                 f"the encoder's fingerprint uses text template {contract.fingerprint.template_version!r}, "
@@ -191,11 +168,12 @@ class TrainCLMHeadsRecipe:
             )
         return contract
 
-    def _check_checkpoint_contract(self, checkpoint: LoadedCheckpoint) -> None:
+    def check_checkpoint_encoder(self, checkpoint: LoadedCheckpoint, key: str = "heads.init_checkpoint") -> None:
+        """Refuse heads trained on another encoder than this run's (``ConfigError`` naming ``key``)."""
         assert self.contract is not None
         if checkpoint.encoder.digest != self.contract.fingerprint.digest:
             raise ConfigError(
-                f"heads.init_checkpoint {checkpoint.path} was trained on encoder {checkpoint.encoder.as_dict()}, "
+                f"{key} {checkpoint.path} was trained on encoder {checkpoint.encoder.as_dict()}, "
                 f"but this run embeds with {self.contract.fingerprint.as_dict()}; heads only work on their own encoder"
             )
 
@@ -207,34 +185,9 @@ class TrainCLMHeadsRecipe:
         return embedding.table_cache_path(self.cfg.cache.dir, self.contract.fingerprint.digest, texts)
 
     def _raise_cache_failure(self, failure: Exception | None, phase: str) -> None:
-        """Propagate cache filesystem failures before any rank enters the next phase.
-
-        Collective under torchrun (every rank calls it at the end of ``phase``,
-        with its own failure or None): if any rank failed, every rank raises
-        the first failure's message; a cache failure as ``EmbeddingCacheError``
-        (the same message on every rank), another failure as itself on its
-        rank and as ``RankFailedError`` on the others.
-        """
-        info = self.rank
-        report = None
-        if failure is not None:
-            kind = "cache" if isinstance(failure, embedding.EmbeddingCacheError) else type(failure).__name__
-            where = f"{info}, {phase}: " if info.distributed else ""
-            report = (info.rank, kind, where + str(failure), str(getattr(failure, "path", "")))
-        failures = [item for item in all_gather(report) if item is not None]
-        if not failures:
-            return
-        rank, kind, message, path = failures[0]
-        if kind == "cache":
-            if not info.distributed and isinstance(failure, embedding.EmbeddingCacheError):
-                raise failure
-            error: Exception = embedding.EmbeddingCacheError.relayed(message, Path(path))
-        elif failure is not None and rank == info.rank:
-            error = failure
-        else:
-            error = RankFailedError(f"{message} ({kind})")
-        error.all_ranks = True  # type: ignore[attr-defined]  (main() waits for every rank to report it)
-        raise error from failure
+        """Propagate cache filesystem failures before any rank enters the next phase (collective under
+        torchrun: see ``clm.recipes.embed_phase.raise_cache_failure``)."""
+        embed_phase.raise_cache_failure(self.rank, failure, phase)
 
     def _embed_all(self, texts: list[str]) -> EmbeddingTable:
         """Embed texts with the frozen encoder, sharded over all ranks, and cache the result."""
@@ -259,88 +212,28 @@ class TrainCLMHeadsRecipe:
             self.texts_embedded = 0
             self.embedding_ranks = [{"rank": r, "chunks": [], "texts": 0, "texts_embedded": 0}
                                     for r in range(self.rank.world_size)]
-            table = self._open_table(Path(found), fingerprint, path)
+            table = embed_phase.open_table(Path(found), fingerprint, path)
             logger.info("%s: embedding table %s holds all %d texts; nothing to encode", self.rank, found, len(texts))
         else:
             table = self._build_table(texts, path)
-        self.timings["embedding"] = timing = embedding_timing(len(texts), self.texts_embedded, started)
+        self.timings["embedding"] = timing = embed_phase.embedding_timing(len(texts), self.texts_embedded, started)
         self.progress(ProgressEvent("embedding", len(texts), len(texts), counters={
             "texts_embedded": self.texts_embedded, **{k: timing[k] for k in ("from_cache", "seconds", "texts_per_s")}}))
         return table
 
     def _build_table(self, texts: list[str], path: Path) -> EmbeddingTable:
         """Encode this rank's chunks, then (rank 0) assemble the shards into the table at ``path``."""
-        info, contract = self.rank, self.contract
-        assert contract is not None
-        plan = shards.ShardPlan(len(texts), self.cfg.encoder.chunk_texts, info.world_size)
-        staging = shards.staging_dir(path, plan)
-        mine = plan.texts_of(info.rank, texts)
-        table, failure, embedded = None, None, 0
-        try:
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)  # an unwritable cache fails here, before the model
-                if info.distributed:
-                    vectors, embedded = asyncio.run(self._encode(mine))
-                    shards.write_shard(shards.shard_path(staging, info.rank, info.world_size), vectors)
-                else:
-                    table, embedded = asyncio.run(self._encode(mine, texts, path))
-            except Exception as error:  # noqa: BLE001  (relayed to every rank just below)
-                failure = embed_phase.as_cache_failure(error, path)
-            self._raise_cache_failure(failure, "encoding and writing its embedding shard")
-            self.embedding_ranks = all_gather({"rank": info.rank, "chunks": plan.chunks_of(info.rank),
-                                               "texts": plan.rows_of(info.rank), "texts_embedded": embedded})
-            self.texts_embedded = sum(item["texts_embedded"] for item in self.embedding_ranks)
-            logger.info("%s encoded its shard: %d chunks, %d texts (%d asked of the encoder) of %d", info,
-                        len(mine), plan.rows_of(info.rank), embedded, len(texts))
-            if not info.distributed:
-                assert table is not None
-                return table
-            if info.is_main:
-                try:
-                    assert contract is not None
-                    table = embed_phase.assemble_table(plan, staging, texts, path, contract)
-                except Exception as error:  # noqa: BLE001
-                    failure = embed_phase.as_cache_failure(error, path)
-            self._raise_cache_failure(failure, "assembling the embedding table from the shards")
-            return table if table is not None else self._open_table(path, contract.fingerprint.digest, path)
-        finally:
-            if info.distributed and info.is_main:
-                shards.remove_staging(staging)  # every rank is past its writes: the collectives above are barriers
-
-    async def _encode(self, chunks: list[list[str]], texts: list[str] | None = None, path: Path | None = None):
-        """This rank's chunks through the configured encoder on this rank's device (see ``embed_phase``)."""
         assert self.contract is not None
-        return await embed_phase.encode_rank_chunks(
-            self.cfg, self.contract, rank_device(self.cfg.encoder.device, self.rank), chunks, self.progress,
-            texts, path)
-
-    def _open_table(self, found: Path, fingerprint: str, path: Path) -> EmbeddingTable:
-        try:
-            return EmbeddingTable.open(found, fingerprint)
-        except EmbeddingTableError as error:
-            if isinstance(error.__cause__, OSError):
-                raise embedding.EmbeddingCacheError(path, error.__cause__) from error
-            raise
+        table, self.embedding_ranks = embed_phase.build_sharded_table(
+            self.cfg, self.contract, self.rank, texts, path, self.progress)
+        self.texts_embedded = sum(item["texts_embedded"] for item in self.embedding_ranks)
+        return table
 
     # ---------------------------------------------------------------- scoring
     def _encoded_records(self, records: Sequence[Any]) -> list[EncodedRecord]:
-        """Records as the scoring code needs them: ``Record`` objects, record dicts (the JSONL form, as
-        the documents pass them) or already-encoded records; every text must be in the table."""
+        """Records as the scoring code needs them (see ``clm.recipes.evaluation.as_encoded_records``)."""
         assert self.table is not None, "call setup() first: records are scored from the embedding table"
-        if isinstance(records, EncodedSplit):
-            return records
-        encoded: list[EncodedRecord] = []
-        for index, record in enumerate(records):
-            if isinstance(record, EncodedRecord):
-                encoded.append(record)
-                continue
-            if isinstance(record, Mapping):
-                record = parse_record(dict(record), source="records", line=index + 1)
-            if not isinstance(record, Record):
-                raise TypeError(f"records[{index}] is a {type(record).__name__}; expected a record dict, "
-                                "a clm.records.Record or an EncodedRecord")
-            encoded.extend(encode_records([record], self.table))
-        return encoded
+        return as_encoded_records(records, self.table)
 
     def _forward(
         self, heads: CLMHeadPair, records: Sequence[Any]
@@ -443,38 +336,6 @@ class TrainCLMHeadsRecipe:
             self.on_epoch_end(report)
 
     # ---------------------------------------------------------------- report and publish
-    def _write_report(self, before: dict[str, list[ScoredQuestion]], after: dict[str, list[ScoredQuestion]] | None,
-                      checkpoint: PublishedVersion | None) -> Path:
-        """Write report.json/html and the reliability diagrams of every scored split; returns the JSON path."""
-        assert self.contract is not None and self.table is not None
-        report_dir, outcome = self.cfg.output.report_dir, self.outcome
-        diagrams = {"before": write_diagrams(report_dir, "before", before)}
-        if after is not None:
-            diagrams["after"] = write_diagrams(report_dir, "after", after)
-        report = {
-            "mode": self.cfg.mode,
-            "loss_mode": self.cfg.loss.mode if self.cfg.mode == "train" else None,
-            "config": self.cfg.to_json_dict(),
-            "encoder": {**self.contract.fingerprint.as_dict(), "digest": self.contract.fingerprint.digest,
-                        "dim": self.contract.dim},
-            "embedding": {"texts_total": self.texts_total, "texts_embedded": self.texts_embedded,
-                          "table": str(self.table.path), "world_size": self.rank.world_size,
-                          "ranks": self.embedding_ranks},
-            "init_checkpoint": None if self.init_checkpoint is None else {
-                "path": str(self.init_checkpoint.path), "sha256": self.init_checkpoint.sha256},
-            "before": metrics_by_split(before),
-            "after": None if after is None else metrics_by_split(after),
-            "training": None if outcome is None else {
-                "eval_metric": self.cfg.train.eval_metric, "best_epoch": outcome.best_epoch,
-                "best_value": outcome.best_value, "history": outcome.history},
-            "checkpoint": None if checkpoint is None else {
-                "path": str(checkpoint.path), "version": checkpoint.label, "sha256": checkpoint.sha256},
-            "diagrams": diagrams,
-            "timings": self.timings,
-        }
-        report.update(worth_it_sections(self.table, self.encoded.get("train"), self.encoded, before, after))
-        return write_report(report_dir, report)
-
     def _score_eval_splits(self, heads: CLMHeadPair) -> dict[str, list[ScoredQuestion]]:
         return {split: self._score(heads, self.encoded[split], self.cfg.train.eval_batch_size, split)
                 for split in EVAL_SPLITS if split in self.encoded}
@@ -531,7 +392,7 @@ class TrainCLMHeadsRecipe:
             after = self._score_eval_splits(best)
             if self.cfg.output.publish:
                 checkpoint = self._publish(best, before, after)
-        report_path = self._write_report(before, after, checkpoint)
+        report_path = write_run_report(self, before, after, checkpoint)
         outcome = self.outcome
         self.result = RunResult(
             mode=self.cfg.mode, texts_total=self.texts_total, texts_embedded=self.texts_embedded,
@@ -540,20 +401,6 @@ class TrainCLMHeadsRecipe:
             best_epoch=None if outcome is None else outcome.best_epoch, checkpoint=checkpoint,
             history=[] if outcome is None else outcome.history, timings=self.timings,
         )
-
-
-def embedding_timing(texts: int, texts_embedded: int, started: float) -> dict[str, Any]:
-    """The embed phase in numbers: texts requested, answered by a cached table or vector cache, s, texts/s."""
-    seconds = time.perf_counter() - started
-    return {"texts_requested": texts, "texts_embedded": texts_embedded, "from_cache": texts - texts_embedded,
-            "seconds": round(seconds, 3), "texts_per_s": round(texts / seconds, 1) if seconds > 0 else None}
-
-
-def _load_init_checkpoint(path: Path) -> LoadedCheckpoint:
-    """heads.pt, a checkpoint folder, or a published name folder (then its ``latest`` version)."""
-    if (path / LATEST_FILE).is_file():
-        path = resolve_latest(path.parent, path.name).path
-    return load_checkpoint(path)
 
 
 def main(config_path: str | None = None) -> None:

@@ -1,0 +1,244 @@
+"""One typed description of an encoder, and the one way to build it and name what it computes.
+
+Every user of an encoder maps its own settings onto an :class:`EncoderSpec`
+and calls :meth:`~EncoderSpec.build` (the encoder) or
+:meth:`~EncoderSpec.identity` (its fingerprint and width, without loading a
+model): the embedder service (``EmbedderSettings.encoder_spec``), the recipe
+(``EncoderConfig.spec``, in-process or through the embedder) and clm-serve
+(``ServeSettings.encoder_spec``). Model folders, ``pooling: auto`` and
+fingerprints are therefore decided by one piece of code: two copies had
+drifted apart before (issue 12), and a fingerprint that differs between the
+trainer and clm-serve makes clm-serve refuse the trainer's heads.
+
+Three backends:
+
+* ``local``: a transformers model folder run in this process (:class:`~clm.encoders.local.LocalEncoder`).
+* ``vllm``: a vLLM pooling server's ``/v1/embeddings``. The fingerprint is
+  derived here, from the same model folder (so both backends share cache
+  keys) or, for a hub name, from ``weights_id``.
+* ``embedder``: our embedder service. The fingerprint is *asked*
+  (``GET /v1/encoder``, :func:`fetch_remote_identity`), never guessed: only
+  the server knows which weights, pooling and template it runs, and every
+  answer must name that fingerprint's digest (a swapped model fails as
+  ``EncoderChanged``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
+
+from clm.encoders.base import EncoderBackend, EncoderError, EncoderFingerprint, Pooling
+from clm.encoders.minilm import MINILM_NAME, minilm_model_dir
+from clm.encoders.model_identity import fingerprint_for_model_dir, model_hidden_size, resolve_pooling
+
+log = logging.getLogger(__name__)
+
+Backend = Literal["local", "vllm", "embedder"]
+PoolingChoice = Literal["auto", "last", "mean", "cls"]
+RetryNotice = Callable[[str], None]
+
+# Model names that resolve to a folder the project ships: name -> (folder locator, display name).
+MODEL_ALIASES = {"minilm": (minilm_model_dir, MINILM_NAME)}
+
+
+class NotAModelFolder(EncoderError):
+    """``model`` is neither an alias nor a local folder with a config.json (models are never downloaded)."""
+
+
+def resolve_model_dir(model: str) -> tuple[Path, str]:
+    """(folder, display name) of ``model``: an alias above, or a local transformers model folder."""
+    if model in MODEL_ALIASES:
+        locate, name = MODEL_ALIASES[model]
+        return locate(), name
+    path = Path(model).expanduser()
+    if (path / "config.json").is_file():
+        return path.resolve(), path.resolve().name
+    raise NotAModelFolder(
+        f"encoder model {model!r} is neither a known alias ({', '.join(MODEL_ALIASES)}) nor a local model "
+        "folder with a config.json (models are never downloaded: point the model setting at the folder)"
+    )
+
+
+class EncoderSpec(BaseModel):
+    """What to build. Settings map onto it (one function each); every field is part of one backend's build."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    backend: Backend = "local"
+    model: str = Field("minilm", min_length=1, description="an alias, a local model folder, or (vllm with "
+                                                            "weights_id) a served hub name; embedder: unused")
+    pooling: PoolingChoice = Field("auto", description="'auto': last-token for causal decoders, mean otherwise "
+                                                       "(clm.encoders.model_identity.auto_pooling)")
+    normalize: bool = True
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    max_tokens: int = Field(256, gt=0)
+    template_version: str | None = None  # None: clm.texts.TEMPLATE_VERSION
+    # local
+    device: str = "auto"
+    local_batch_tokens: int = Field(16384, gt=0, description="token budget of one forward batch")
+    local_batch_texts: int = Field(64, gt=0, description="texts in one forward batch at most")
+    # vllm and embedder: HTTP
+    url: str = ""
+    remote_batch_texts: int = Field(256, gt=0, description="texts per HTTP request")
+    max_concurrency: int = Field(4, gt=0, description="HTTP requests in flight at once")
+    timeout_s: float = Field(120.0, gt=0)
+    retries: int = Field(3, ge=0, description="retries of one request on connection errors and 5xx")
+    # vllm
+    served_model: str = ""  # empty: the server's only model
+    weights_id: str = ""  # fingerprint weights when the model folder is not here to hash
+    # embedder
+    wire_dtype: Literal["float32", "float16"] = Field(
+        "float16", description="embedder: vector dtype on the wire (its cache stores float16)")
+    identity_retry_s: float = Field(0.0, ge=0, description="embedder: how long asking its identity is retried "
+                                                           "while it is unreachable")
+
+    @model_validator(mode="after")
+    def _remote_needs_url(self) -> "EncoderSpec":
+        if self.backend != "local" and not self.url:
+            raise ValueError(f"the {self.backend} backend needs a url")
+        return self
+
+    @property
+    def is_remote(self) -> bool:
+        """Vectors come over HTTP from a server that caches them and can be down for a while."""
+        return self.backend != "local"
+
+    def identity(self, on_retry: RetryNotice | None = None) -> tuple[EncoderFingerprint, int]:
+        """(fingerprint, dim) of what ``build()`` would give, without loading a model (the embedder is asked)."""
+        if self.backend == "embedder":
+            return fetch_remote_identity(self.url, self.timeout_s, self.identity_retry_s, on_retry)
+        model_dir, name = self._model_dir()
+        if model_dir is not None:
+            return self._folder_fingerprint(model_dir, name), model_hidden_size(model_dir)
+        return self._weights_id_fingerprint(), probe_dim(self.url, self.served_model)
+
+    def build(self, on_retry: RetryNotice | None = None) -> EncoderBackend:
+        """The encoder this spec describes (loads the model for ``local``: call it off the event loop)."""
+        if self.backend == "local":
+            return self._build_local()
+        from clm.encoders.vllm_client import VLLMEncoder
+
+        fingerprint, dim = self.identity(on_retry)
+        options: dict[str, Any] = dict(max_batch_texts=self.remote_batch_texts, max_concurrency=self.max_concurrency,
+                                       timeout_s=self.timeout_s, retry_attempts=self.retries + 1)
+        if self.backend == "embedder":
+            # Our embedder speaks plain OpenAI (it refuses vLLM-only fields) and truncates by itself; each
+            # answer must name the fingerprint asked above, so a model swapped mid-run fails (EncoderChanged).
+            options.update(openai_strict=True, embed_dtype=self.wire_dtype, require_digest_header=True)
+        else:
+            options.update(served_model=self.served_model or None)
+        return VLLMEncoder(self.url, fingerprint=fingerprint, dim=dim, **options)
+
+    def _build_local(self) -> EncoderBackend:
+        from clm.encoders.local import LocalEncoder  # imports torch + transformers: only when asked
+
+        model_dir, name = resolve_model_dir(self.model)
+        return LocalEncoder(
+            model_dir, pooling=resolve_pooling(self.pooling, model_dir, self.model), normalize=self.normalize,
+            dtype=self.dtype, max_tokens=self.max_tokens, template_version=self.template_version,
+            model_name=name, device=self.device, token_budget=self.local_batch_tokens,
+            max_batch_texts=self.local_batch_texts,
+        )
+
+    def _model_dir(self) -> tuple[Path | None, str]:
+        """The folder to hash; vllm may name a hub model instead (then ``weights_id`` names the weights)."""
+        try:
+            return resolve_model_dir(self.model)
+        except NotAModelFolder:
+            if self.backend == "vllm" and self.weights_id:
+                return None, self.model
+            if self.backend == "vllm":
+                raise NotAModelFolder(
+                    f"model {self.model!r} is not a folder here, so its weights cannot be hashed: set weights_id "
+                    "(e.g. the hub revision the vLLM server loaded) so the fingerprint names the exact weights"
+                ) from None
+            raise
+
+    def _folder_fingerprint(self, model_dir: Path, name: str) -> EncoderFingerprint:
+        return fingerprint_for_model_dir(
+            model_dir, pooling=resolve_pooling(self.pooling, model_dir, self.model), normalize=self.normalize,
+            dtype=self.dtype, max_tokens=self.max_tokens, template_version=self.template_version, model_name=name,
+        )
+
+    def _weights_id_fingerprint(self) -> EncoderFingerprint:
+        if self.template_version is None:
+            from clm.texts import TEMPLATE_VERSION as template_version
+        else:
+            template_version = self.template_version
+        pooling: Pooling = resolve_pooling(self.pooling, None, self.model)  # 'auto' needs the folder: refused
+        return EncoderFingerprint(model=self.model, weights=self.weights_id, pooling=pooling,
+                                  normalize=self.normalize, dtype=self.dtype, max_tokens=self.max_tokens,
+                                  template_version=template_version)
+
+
+# ------------------------------------------------------------------ asking a server who it is
+
+
+def probe_dim(base_url: str, served_model: str = "", timeout_s: float = 30.0) -> int:
+    """Ask a running vLLM server how wide its vectors are (for models whose config is not here)."""
+    payload: dict[str, Any] = {"input": ["dimension probe"]}
+    if served_model:
+        payload["model"] = served_model
+    try:
+        response = httpx.post(f"{base_url.rstrip('/')}/v1/embeddings", json=payload, timeout=timeout_s)
+        response.raise_for_status()
+        return len(response.json()["data"][0]["embedding"])
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
+        raise EncoderError(f"cannot learn the vector width from the server at {base_url}: {exc}") from exc
+
+
+class EmbedderUnreachable(EncoderError):
+    """The embedder did not answer (connection refused, timeout, 5xx): worth retrying, unlike a bad answer."""
+
+
+def fetch_remote_identity(url: str, timeout_s: float, retry_seconds: float = 0.0,
+                          on_retry: RetryNotice | None = None) -> tuple[EncoderFingerprint, int]:
+    """The (fingerprint, dim) an embedder reports at ``GET {url}/v1/encoder``.
+
+    While the embedder is unreachable the call is retried with backoff for up
+    to ``retry_seconds``, so a job that starts during an embedder restart
+    waits instead of failing; ``on_retry`` hears of every retry.
+    """
+    if retry_seconds <= 0:
+        return _fetch_identity_once(url, timeout_s)
+
+    def announce(state: RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome is not None else None
+        sleep = state.next_action.sleep if state.next_action is not None else 0.0
+        message = f"embedder unavailable ({error}); retry {state.attempt_number} in {sleep:.3g} s"
+        log.warning("%s", message)
+        if on_retry is not None:
+            on_retry(message)
+
+    retrying = Retrying(stop=stop_after_delay(retry_seconds), wait=wait_exponential(multiplier=1, min=1, max=10),
+                        retry=retry_if_exception_type(EmbedderUnreachable), before_sleep=announce, reraise=True)
+    return retrying(_fetch_identity_once, url, timeout_s)
+
+
+def _fetch_identity_once(url: str, timeout_s: float) -> tuple[EncoderFingerprint, int]:
+    endpoint = f"{url.rstrip('/')}/v1/encoder"
+    try:
+        response = httpx.get(endpoint, timeout=timeout_s)
+        if response.status_code >= 500:
+            raise EmbedderUnreachable(f"the embedder at {endpoint} answered {response.status_code}")
+        response.raise_for_status()
+        body = response.json()
+        fingerprint = EncoderFingerprint.from_dict(body["fingerprint"])
+        dim = int(body["dim"])
+    except httpx.TransportError as error:
+        raise EmbedderUnreachable(f"cannot reach the embedder at {endpoint}: {error}") from error
+    except httpx.HTTPError as error:
+        raise EncoderError(f"cannot ask the embedder at {endpoint} for its encoder: {error}") from error
+    except (ValueError, KeyError, TypeError) as error:
+        raise EncoderError(f"the embedder at {endpoint} sent an unreadable encoder description: {error}") from error
+    if body.get("digest") not in (None, fingerprint.digest):
+        raise EncoderError(f"the embedder at {endpoint} reports digest {body['digest']} for a fingerprint "
+                           f"whose digest is {fingerprint.digest}; refusing an inconsistent encoder")
+    return fingerprint, dim
