@@ -349,9 +349,9 @@ def test_a_job_starting_while_the_embedder_is_down_waits_for_it(tiny_encoder, tm
     """The identity lookup at setup retries (encoder.retry_seconds) instead of failing the job at once."""
     import threading
 
+    from clm.encoders.spec import EmbedderUnreachable, fetch_remote_identity
     from clm_devtools.devstack import start_embedder
     from clm_devtools.procs import free_port
-    from clm.recipes.encoder_setup import EmbedderUnreachable, fetch_remote_identity
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"

@@ -17,7 +17,6 @@ from clm.encoders.base import EncoderChanged
 from clm.encoders.tiny_qwen3 import TinyQwen3Spec, build_tiny_qwen3
 from clm.recipes.config import EncoderConfig
 from clm.recipes.embedding import RetryPolicy, encode_with_retry
-from clm.recipes.encoder_setup import open_remote_encoder
 from clm_trainer.worker import classify
 
 from support.faults import Embedder, stop_all
@@ -33,7 +32,7 @@ def test_embedder_swapped_mid_job_fails_with_encoder_changed(tmp_path, tiny_qwen
         embedder.start()
         config = EncoderConfig(backend="embedder", embedder_url=embedder.url, model=str(tiny_qwen3_dir),
                                retry_seconds=60)
-        encoder = open_remote_encoder(config)  # the job reads the identity once, here
+        encoder = config.spec().build()  # the job reads the identity once, here
         retry = RetryPolicy(budget_s=60)
 
         async def embed() -> object:
