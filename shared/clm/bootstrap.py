@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from clm.errors import BAD_INPUT, KindedError
 from clm.metrics import (
     AVERAGED_METRICS,
     ECE_BINS,
@@ -44,8 +45,10 @@ COMPARED_METRICS = ("accuracy", "nll", "brier", "ece", "rps", "expected_reward")
 _CHUNK_CELLS = 4_000_000  # replicates x questions per matrix product: bounded memory on large splits
 
 
-class BootstrapInputError(ValueError):
+class BootstrapInputError(KindedError, ValueError):
     """The two predictors did not answer the same questions, or the settings are invalid."""
+
+    kind = BAD_INPUT
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from clm.durable import fsync_dir, fsync_file, sha256_file, temp_sibling
+from clm.errors import UNAVAILABLE, KindedError
 
 TABLE_FORMAT = "clm-embedding-table"
 TABLE_VERSION = 1
@@ -40,8 +41,12 @@ INDEX_FILE = "index.jsonl"
 _STORED_DTYPE = np.dtype("<f2")
 
 
-class EmbeddingTableError(ValueError):
+class EmbeddingTableError(KindedError, ValueError):
     """A table that cannot be trusted (torn, corrupt, another encoder) or a build that is incomplete."""
+
+    kind = UNAVAILABLE  # a cache artefact: rebuilt from the cache, not fixed in the input
+    code = "cache_error"
+    subject = "the embedding table"
 
 
 def _as_row_array(rows: object, n_rows: int, path: Path) -> np.ndarray:

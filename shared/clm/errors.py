@@ -9,13 +9,22 @@ A core exception says *what* went wrong in terms any caller understands:
 * ``saturated``: more work is in flight than accepted; back off (HTTP 503
   with ``Retry-After``).
 
-The services map kinds to HTTP once (``clm_http.errors``); the micro-batcher
-(``clm.microbatch``) decides its failure policy by kind. The core knows no
-HTTP: kinds are words, not status codes.
+Every consumer reads the one table below, ``KIND_OUTCOMES``: the ``clm``
+command's exit status, a trainer job's error ``code`` when the error declares
+no finer one, and the HTTP status ``clm_http.errors`` answers. The micro-batcher
+(``clm.microbatch``) decides its failure policy by kind. The rest of the core
+knows no HTTP: it raises kinds, which are words; only ``clm_http`` turns the
+table's numbers into responses.
+
+An error may refine its job ``code`` (``invalid_records``, ``encoder_error``,
+...: stable reasons clients match on); its kind still decides the exit status
+and the HTTP status, so the three never disagree about whether the input or
+the environment is at fault.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 ErrorKind = Literal["bad_input", "unavailable", "saturated"]
@@ -24,10 +33,35 @@ UNAVAILABLE: ErrorKind = "unavailable"
 SATURATED: ErrorKind = "saturated"
 
 
+
+@dataclass(frozen=True)
+class KindOutcome:
+    """What one kind of failure becomes at each edge of the system."""
+
+    exit_code: int  # the `clm` command (and `python -m clm.recipes.train_clm_heads`)
+    job_code: str  # a failed trainer job's error code, unless the error declares its own ``code``
+    http_status: int  # the services' answer (``clm_http.errors``; 503s carry Retry-After)
+
+
+KIND_OUTCOMES: dict[ErrorKind, KindOutcome] = {
+    # Fix the input (config, records, checkpoint, a text): running again unchanged cannot succeed.
+    BAD_INPUT: KindOutcome(exit_code=2, job_code="invalid_input", http_status=400),
+    # The environment failed (encoder, cache, disk, Redis, resume state): the same input may succeed later.
+    UNAVAILABLE: KindOutcome(exit_code=1, job_code="unavailable", http_status=503),
+    SATURATED: KindOutcome(exit_code=1, job_code="saturated", http_status=503),
+}
+# Exit status of a failure that declares no kind (a bug): what an uncaught Python exception exits with.
+EXIT_UNKNOWN_FAILURE = 1
+
+
 class KindedError(Exception):
-    """Base of core exceptions that carry their ``kind`` and, for bad input, the ``param`` at fault."""
+    """Base of core exceptions that carry their ``kind`` and, for bad input, the ``param`` at fault.
+
+    ``code``: the stable reason a failed trainer job reports; None means the kind's ``job_code``.
+    """
 
     kind: ErrorKind = UNAVAILABLE
+    code: str | None = None
     param: str | None = None
     subject: str = "a dependency"  # what is unavailable, for the message ("the encoder")
 
@@ -35,6 +69,17 @@ class KindedError(Exception):
 def error_kind(error: BaseException) -> ErrorKind | None:
     """The kind of ``error``, or None for an exception that declares none (a bug: HTTP 500)."""
     return getattr(error, "kind", None) if isinstance(error, KindedError) else None
+
+
+def exit_code(error: BaseException) -> int:
+    """The ``clm`` exit status for ``error``: 2 for bad input, 1 when the environment failed (or for a bug)."""
+    kind = error_kind(error)
+    return KIND_OUTCOMES[kind].exit_code if kind is not None else EXIT_UNKNOWN_FAILURE
+
+
+def job_code(error: KindedError) -> str:
+    """The error code a failed job reports: the error's own ``code``, else its kind's."""
+    return error.code or KIND_OUTCOMES[error.kind].job_code
 
 
 def is_bad_input(error: BaseException) -> bool:

@@ -13,7 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from clm.errors import BAD_INPUT, SATURATED, KindedError
+from clm.errors import BAD_INPUT, KIND_OUTCOMES, SATURATED, KindedError
 
 logger = logging.getLogger(__name__)
 
@@ -64,12 +64,14 @@ def describe_validation_error(exc: RequestValidationError) -> tuple[str, str | N
 
 
 def kinded_error_response(error: KindedError, retry_after_s: int = 1) -> JSONResponse:
-    """The one mapping of a core error's ``kind`` to HTTP: bad input -> 400 naming ``param``; a dependency
-    that failed (encoder, Redis, disk) or too much work in flight -> 503 with ``Retry-After``."""
+    """A core error as HTTP, its status from the one kind table (``clm.errors.KIND_OUTCOMES``): bad input ->
+    400 naming ``param``; a dependency that failed (encoder, Redis, disk) or too much work in flight -> 503
+    with ``Retry-After``."""
+    status = KIND_OUTCOMES[error.kind].http_status
     if error.kind == BAD_INPUT:
-        return error_response(400, str(error), param=error.param)
+        return error_response(status, str(error), param=error.param)
     message = str(error) if error.kind == SATURATED else f"{error.subject} is unavailable: {error}"
-    return error_response(503, f"{message}; retry later", headers={"Retry-After": str(retry_after_s)})
+    return error_response(status, f"{message}; retry later", headers={"Retry-After": str(retry_after_s)})
 
 
 def install_error_handlers(app: FastAPI, validation_status: int = 422, retry_after_s: int = 1) -> None:

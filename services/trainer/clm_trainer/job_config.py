@@ -35,13 +35,17 @@ from pathlib import Path
 from typing import Any
 
 from clm.encoders.spec import MODEL_ALIASES
+from clm.errors import BAD_INPUT, KindedError
 from clm.recipes.config import ConfigError, RecipeConfig, build_config
 
 from .settings import TrainerSettings
 
 
-class JobConfigError(ValueError):
+class JobConfigError(KindedError, ValueError):
     """A submitted config the service refuses; ``status`` is the HTTP answer, ``key`` the offending key path."""
+
+    kind = BAD_INPUT  # the API answers it with its own ``status`` (routes); a job fails with invalid_config
+    code = "invalid_config"
 
     def __init__(self, message: str, *, key: str | None, status: int) -> None:
         super().__init__(message)

@@ -31,15 +31,10 @@ from typing import Any
 
 import redis
 
-from clm.checkpoint import CheckpointError
-from clm.encoders.base import EncoderChanged, EncoderError
-from clm.recipes.config import ConfigError
-from clm.recipes.embedding import EmbeddingCacheError
-from clm.recipes.loop import ResumeError
-from clm.recipes.train_clm_heads import DISK_FULL_ERRNOS, PublishError
-from clm.records.errors import RecordError
+from clm.errors import KindedError, job_code
+from clm.recipes.train_clm_heads import DISK_FULL_ERRNOS
 
-from .job_config import JobConfigError, prepare_config
+from .job_config import prepare_config
 from .queue import Claim, JobQueue
 from .reporting import ProgressReporter, finite
 from .runner import JobCancelled, run_job
@@ -50,32 +45,20 @@ logger = logging.getLogger(__name__)
 
 MAX_ERROR_CHARS = 4000
 
-# Known failures of a job (not of the worker) and the stable code each gets.
-ERROR_CODES: tuple[tuple[type[BaseException], str], ...] = (
-    (JobConfigError, "invalid_config"),
-    (ConfigError, "invalid_config"),
-    (RecordError, "invalid_records"),
-    (EncoderChanged, "encoder_changed"),  # before EncoderError: a swapped model, not an outage
-    (EncoderError, "encoder_error"),
-    (ResumeError, "resume_error"),
-    (PublishError, "publish_error"),
-    (CheckpointError, "checkpoint_error"),
-    (EmbeddingCacheError, "cache_error"),
-    (OSError, "io_error"),
-)
-
-
 def classify(error: BaseException) -> dict[str, str]:
     """The job's ``error`` object for an exception: a stable code and the loader's own message.
 
-    A full filesystem (``ENOSPC``, ``EDQUOT``, ``EFBIG``), wherever it hits, is ``disk_full``.
+    A core error names its code (``clm.errors.job_code``: its own, e.g. ``invalid_records``, else its
+    kind's); a full filesystem (``ENOSPC``, ``EDQUOT``, ``EFBIG``), wherever it hits, is ``disk_full``;
+    any other ``OSError`` is ``io_error``; anything else is a bug, ``internal_error``.
     """
-    for kind, code in ERROR_CODES:
-        if isinstance(error, kind):
-            message = getattr(error, "message", None) or str(error) or type(error).__name__
-            if getattr(error, "disk_full", False) or (isinstance(error, OSError) and error.errno in DISK_FULL_ERRNOS):
-                code = "disk_full"
-            return {"code": code, "message": message[:MAX_ERROR_CHARS]}
+    if isinstance(error, (KindedError, OSError)):
+        message = getattr(error, "message", None) or str(error) or type(error).__name__
+        if getattr(error, "disk_full", False) or (isinstance(error, OSError) and error.errno in DISK_FULL_ERRNOS):
+            code = "disk_full"
+        else:
+            code = job_code(error) if isinstance(error, KindedError) else "io_error"
+        return {"code": code, "message": message[:MAX_ERROR_CHARS]}
     return {"code": "internal_error", "message": f"{type(error).__name__}: {error}"[:MAX_ERROR_CHARS]}
 
 

@@ -17,6 +17,7 @@ import torch
 from pydantic import ValidationError
 
 from clm.encoders.base import EncoderFingerprint
+from clm.errors import BAD_INPUT, KindedError
 from clm.heads import HeadConfig
 
 CHECKPOINT_FORMAT = "contrastive-lm"
@@ -35,8 +36,11 @@ PAYLOAD_KEYS = frozenset(
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(KindedError, ValueError):
     """A checkpoint that must not be loaded or cannot be written; the message says which file and why."""
+
+    kind = BAD_INPUT
+    code = "checkpoint_error"
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-EXIT_CONFIG = 2
-EXIT_FAILED = 1
+from clm.errors import BAD_INPUT, KIND_OUTCOMES
+
+EXIT_CONFIG = KIND_OUTCOMES[BAD_INPUT].exit_code  # an A or B that names nothing (clm.errors: bad input)
 COMPARISON = "B - A"
 
 
@@ -78,11 +79,11 @@ def _compare_here(args: argparse.Namespace, config: Any, heads: list[Path], sett
     from clm.recipes.evaluation import score_records
     from clm.recipes.progress import TqdmProgress
     from clm.checkpoint import load_heads_reference
-    from clm.recipes.train_clm_heads import EVAL_SPLITS, INPUT_ERRORS, RUN_ERRORS, TrainCLMHeadsRecipe
+    from clm.recipes.train_clm_heads import EVAL_SPLITS, TrainCLMHeadsRecipe
 
     progress = None if args.no_progress else TqdmProgress()
     recipe = TrainCLMHeadsRecipe(config, progress=progress)
-    try:
+    try:  # a core error (bad input: exit 2; the cache or the encoder failed: 1) is printed by `clm`
         recipe.setup()  # loads the splits and A, embeds every text once (from the cache when it can)
         other = load_heads_reference(heads[1])
         recipe.check_checkpoint_encoder(other, key="--compare B")
@@ -93,12 +94,6 @@ def _compare_here(args: argparse.Namespace, config: Any, heads: list[Path], sett
                     for split in EVAL_SPLITS if split in recipe.encoded}
             for label, checkpoint in (("A", recipe.init_checkpoint), ("B", other))
         }
-    except INPUT_ERRORS as error:
-        print(f"clm eval: {type(error).__name__}: {error}", file=sys.stderr)
-        return EXIT_CONFIG
-    except RUN_ERRORS as error:
-        print(f"clm eval: {type(error).__name__}: {error}", file=sys.stderr)
-        return EXIT_FAILED
     finally:
         if progress is not None:
             progress.close()

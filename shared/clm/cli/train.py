@@ -23,9 +23,13 @@ import os
 import sys
 from typing import Any
 
+from clm.errors import BAD_INPUT, KIND_OUTCOMES, UNAVAILABLE
+
 TOKEN_ENV = "CLM_TRAINER_API_TOKEN"
-EXIT_CONFIG = 2  # the config or data is wrong: fix the input
-EXIT_FAILED = 1  # the run (or the remote job) failed
+# A core error's kind decides the exit status (clm.errors.KIND_OUTCOMES; `clm` prints and maps the
+# errors a command lets through); these two name the same numbers for what this module refuses itself.
+EXIT_CONFIG = KIND_OUTCOMES[BAD_INPUT].exit_code  # the config or the flags are wrong: fix the input
+EXIT_FAILED = KIND_OUTCOMES[UNAVAILABLE].exit_code  # the run (or the remote job) failed
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -48,16 +52,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from clm.recipes.config import ConfigError, load_config
+    from clm.recipes.config import load_config
 
     overrides = list(getattr(args, "overrides", []) or [])
     if args.mode is not None:
         overrides += ["--mode", args.mode]
-    try:
-        config = load_config(args.config, overrides)
-    except ConfigError as error:
-        print(f"clm train: {error}", file=sys.stderr)
-        return EXIT_CONFIG
+    config = load_config(args.config, overrides)  # a ConfigError exits 2 (bad input), printed by `clm`
     if args.nproc_per_node is not None:
         return _run_torchrun(args, overrides)
     if args.submit:
@@ -91,19 +91,13 @@ def _run_here(args: argparse.Namespace, config: Any) -> int:
     from pathlib import Path
 
     from clm.recipes.progress import TqdmProgress
-    from clm.recipes.train_clm_heads import INPUT_ERRORS, RUN_ERRORS, TrainCLMHeadsRecipe
+    from clm.recipes.train_clm_heads import TrainCLMHeadsRecipe
 
     progress = None if args.no_progress else TqdmProgress()
     resume_dir = Path(args.resume_dir) if args.resume_dir else None
     recipe = TrainCLMHeadsRecipe(config, progress=progress, resume_dir=resume_dir)
-    try:
+    try:  # a core error (bad input: exit 2; the cache, the encoder, a resume state: 1) is printed by `clm`
         recipe.run_train_validation_loop()
-    except INPUT_ERRORS as error:  # bad config, data, checkpoint: the message says what to fix
-        print(f"clm train: {type(error).__name__}: {error}", file=sys.stderr)
-        return EXIT_CONFIG
-    except RUN_ERRORS as error:  # the cache, the encoder or a resume state failed
-        print(f"clm train: {type(error).__name__}: {error}", file=sys.stderr)
-        return EXIT_FAILED
     finally:
         if progress is not None:
             progress.close()

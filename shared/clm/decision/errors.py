@@ -6,9 +6,13 @@ working, while new code can tell a bad batch from a bad configuration.
 
 from __future__ import annotations
 
+from clm.errors import BAD_INPUT, KindedError
 
-class DecisionError(ValueError):
+
+class DecisionError(KindedError, ValueError):
     """Base class of every error raised by :mod:`clm.decision`."""
+
+    kind = BAD_INPUT  # the job code is the kind's (invalid_input)
 
 
 class DecisionTargetsError(DecisionError):

@@ -63,6 +63,7 @@ class EncoderError(KindedError, RuntimeError):
     """The backend could not encode (down, timed out, refused). Nothing from the call may be cached."""
 
     kind = UNAVAILABLE
+    code = "encoder_error"
     subject = "the encoder"
 
 
@@ -75,6 +76,7 @@ class EncoderChanged(EncoderError):
     """
 
     kind = UNAVAILABLE
+    code = "encoder_changed"
     subject = "the encoder"
 
     def __init__(self, url: str, expected: str, got: str) -> None:

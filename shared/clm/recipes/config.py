@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from clm.decision.config import DecisionLossConfig
 from clm.decision.errors import DecisionLossConfigError
 from clm.encoders.spec import EncoderSpec
+from clm.errors import BAD_INPUT, KindedError
 from clm.heads import HeadConfig
 from clm.recipes.overrides import OverrideError, apply_overrides, parse_overrides
 
@@ -48,8 +49,11 @@ EVAL_METRIC_DIRECTIONS: dict[str, Literal["min", "max"]] = {
 }
 
 
-class ConfigError(ValueError):
+class ConfigError(KindedError, ValueError):
     """The recipe config cannot be used; the message lists every bad key path and why."""
+
+    kind = BAD_INPUT
+    code = "invalid_config"
 
 
 class _Section(BaseModel):

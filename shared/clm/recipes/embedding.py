@@ -57,6 +57,7 @@ from clm.durable import temp_sibling
 from clm.embedding_table import EmbeddingTable, EmbeddingTableError
 from clm.encoders.base import EncoderBackend, EncoderChanged, EncoderError, EncoderInputError
 from clm.encoders.spec import EncoderSpec
+from clm.errors import UNAVAILABLE, KindedError
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +73,12 @@ EncodeChunk = Callable[[list[str]], Awaitable[tuple[np.ndarray, int]]]  # -> (ve
 RetryNotice = Callable[[str, int], None]  # (message, retry number), before each backoff sleep
 
 
-class EmbeddingCacheError(RuntimeError):
+class EmbeddingCacheError(KindedError, RuntimeError):
     """The trainer-side embedding cache cannot be read or written; training did not start."""
+
+    kind = UNAVAILABLE
+    code = "cache_error"
+    subject = "the embedding cache"
 
     def __init__(self, path: Path, error: BaseException) -> None:
         reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)

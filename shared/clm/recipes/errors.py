@@ -1,9 +1,10 @@
-"""The recipe's errors in one place: what the CLI, the module entry point and the trainer worker classify.
+"""The recipe's own errors (publishing, another rank) and the publish step that raises them.
 
-* ``INPUT_ERRORS``: the config, the data or a checkpoint is wrong; the message says what to fix
-  (the CLI exits 2, a trainer job fails without retry).
-* ``RUN_ERRORS``: the run's environment failed (embedding cache filesystem, encoder, resume state,
-  publishing, another rank); the CLI exits 1.
+Every error a run can end with is a ``clm.errors.KindedError``: its kind says
+whether the input (config, records, checkpoint: ``bad_input``) or the run's
+environment (embedding cache, encoder, resume state, publishing, another rank:
+``unavailable``) is at fault, and ``clm.errors.KIND_OUTCOMES`` turns that into
+the CLI's exit status and a trainer job's error code; no list of classes here.
 """
 
 from __future__ import annotations
@@ -12,22 +13,20 @@ import errno
 from pathlib import Path
 
 from clm.checkpoint import CheckpointError, PublishedVersion, publish_checkpoint, resolve_latest
-from clm.decision.errors import DecisionError
-from clm.embedding_table import EmbeddingTableError
-from clm.encoders.base import EncoderError
+from clm.errors import UNAVAILABLE, KindedError
 from clm.heads import CLMHeadPair
-from clm.records import RecordError
-from clm.recipes.config import ConfigError
-from clm.recipes.embedding import EmbeddingCacheError
-from clm.recipes.loop import ResumeError
 
 # Errnos that mean "the filesystem is full" (out of space, out of quota, file size limit).
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 
-class PublishError(RuntimeError):
+class PublishError(KindedError, RuntimeError):
     """Writing the checkpoint failed (full disk, read-only or missing volume). Nothing was published:
     the staging folder is removed and ``latest`` still points at the previous version."""
+
+    kind = UNAVAILABLE
+    code = "publish_error"  # disk_full when the filesystem is full (``disk_full``)
+    subject = "the checkpoint volume"
 
     def __init__(self, root: Path, name: str, error: OSError) -> None:
         self.errno = error.errno
@@ -44,8 +43,10 @@ class PublishError(RuntimeError):
         )
 
 
-class RankFailedError(RuntimeError):
+class RankFailedError(KindedError, RuntimeError):
     """Another rank of a torchrun group failed in a phase this rank was waiting on; its message is relayed."""
+
+    kind = UNAVAILABLE  # the job code is the kind's (unavailable)
 
 
 def publish_heads(root: Path, name: str, heads: CLMHeadPair, fingerprint, *, metrics: dict,
@@ -56,9 +57,3 @@ def publish_heads(root: Path, name: str, heads: CLMHeadPair, fingerprint, *, met
                                   option_texts=option_texts)
     except OSError as error:
         raise PublishError(Path(root), name, error) from error
-
-
-INPUT_ERRORS: tuple[type[BaseException], ...] = (ConfigError, RecordError, CheckpointError, DecisionError)
-RUN_ERRORS: tuple[type[BaseException], ...] = (
-    EmbeddingCacheError, EmbeddingTableError, EncoderError, ResumeError, PublishError, RankFailedError,
-)

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from clm.durable import atomic_write_bytes
+from clm.errors import UNAVAILABLE, KindedError
 from clm.heads import CLMHeadPair
 from clm.recipes.batches import EncodedRecord
 from clm.recipes.config import TrainConfig
@@ -34,8 +35,12 @@ from clm.recipes.progress import ProgressCallback, ProgressEvent
 LOOP_STATE_FILE = "loop-state.pt"
 
 
-class ResumeError(RuntimeError):
+class ResumeError(KindedError, RuntimeError):
     """A resume state exists but does not belong to this run, or cannot be read."""
+
+    kind = UNAVAILABLE
+    code = "resume_error"
+    subject = "the resume state"
 
 
 @dataclass

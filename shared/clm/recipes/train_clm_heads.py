@@ -48,6 +48,7 @@ from clm.decision.batch import QuestionLogits
 from clm.embedding_table import EmbeddingTable
 from clm.encoders.base import EncoderError
 from clm.encoders.local import resolve_device
+from clm.errors import KindedError, exit_code
 from clm.heads import CLMHeadPair
 from clm.records import QuestionTarget
 from clm.records.compact import TextIds, load_compact
@@ -58,8 +59,6 @@ from clm.recipes.overrides import OverrideError, split_config_argument
 from clm.recipes.distributed import RankInfo, all_gather, close_distributed, init_distributed, wait_for_peers
 from clm.recipes.errors import (  # noqa: F401  (re-exported: the trainer worker imports them from here)
     DISK_FULL_ERRNOS,
-    INPUT_ERRORS,
-    RUN_ERRORS,
     PublishError,
     RankFailedError,
     publish_heads,
@@ -437,19 +436,17 @@ def main(config_path: str | None = None) -> None:
 
 
 def _cli() -> int:
-    """``python -m`` / torchrun: errors as one line naming the type (exit 2: fix the input; 1: the run failed)."""
+    """``python -m`` / torchrun: errors as one line naming the type, the exit status from their kind
+    (``clm.errors.exit_code``: 2 fix the input; 1 the run's environment failed), as ``clm train``."""
     import os
 
     rank = os.environ.get("RANK", "0")
     logging.basicConfig(level=logging.INFO, format=f"[rank {rank}] %(levelname)s %(name)s: %(message)s")
     try:
         main()
-    except INPUT_ERRORS as error:
+    except KindedError as error:
         print(f"train_clm_heads [rank {rank}]: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
-        return 2
-    except RUN_ERRORS as error:
-        print(f"train_clm_heads [rank {rank}]: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
-        return 1
+        return exit_code(error)
     return 0
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from clm.errors import BAD_INPUT, KindedError
+
 # How many problems the error message spells out; the rest are counted.
 MAX_PROBLEMS_IN_MESSAGE = 10
 
@@ -47,12 +49,15 @@ class RecordProblem:
         return f"{where}: {record}: {field}: {self.reason}"
 
 
-class RecordError(ValueError):
+class RecordError(KindedError, ValueError):
     """One or more malformed records; ``problems`` lists every one, in file order.
 
     The attributes ``source``, ``line``, ``record_id`` and ``field`` are those
     of the first problem, for callers that report a single location.
     """
+
+    kind = BAD_INPUT
+    code = "invalid_records"
 
     def __init__(self, problems: Sequence[RecordProblem]) -> None:
         if not problems:
