@@ -20,7 +20,10 @@ from urllib.parse import unquote
 
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry as AsyncRetry
 from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 SENTINEL_SCHEME = "redis+sentinel"
@@ -73,8 +76,17 @@ def redact(url: str) -> str:
     return f"{scheme}://***@{rest.rpartition('@')[2]}"
 
 
-def _sentinel_kwargs(options: dict[str, Any]) -> dict[str, Any]:
-    """Timeouts apply to the sentinels too: a dead sentinel must fail fast like a dead primary."""
+def _sentinel_kwargs(options: dict[str, Any], default_retry: Any) -> dict[str, Any]:
+    """How the sentinels themselves are asked: the caller's timeouts and retry policy, so a dead sentinel
+    fails as fast as a dead primary. Without a retry policy of the caller's, one immediate retry (a stale
+    connection): redis-py's default (three retries with exponential backoff) would spend seconds on a dead
+    sentinel before its discovery loop asks the next one."""
+    kwargs = _timeouts(options)
+    kwargs["retry"] = options.get("retry", default_retry)
+    return kwargs
+
+
+def _timeouts(options: dict[str, Any]) -> dict[str, Any]:
     return {k: options[k] for k in ("socket_timeout", "socket_connect_timeout") if k in options}
 
 
@@ -83,7 +95,8 @@ def sync_client(url: str, **options: Any) -> redis.Redis:
     parsed = parse_sentinel_url(url)
     if parsed is None:
         return redis.Redis.from_url(url, **options)
-    sentinel = Sentinel(list(parsed.sentinels), sentinel_kwargs=_sentinel_kwargs(options), **_sentinel_kwargs(options))
+    asked = _sentinel_kwargs(options, Retry(NoBackoff(), 1))
+    sentinel = Sentinel(list(parsed.sentinels), sentinel_kwargs=asked, **_timeouts(options))
     return sentinel.master_for(parsed.service, db=parsed.db, username=parsed.username, password=parsed.password,
                                **options)
 
@@ -102,7 +115,7 @@ def async_client(url: str, *, max_connections: int | None = None, pool_timeout_s
         return aioredis.Redis.from_pool(pool)  # the client owns (and closes) the pool
     if max_connections is not None:
         options["max_connections"] = max_connections
-    sentinel = AsyncSentinel(list(parsed.sentinels), sentinel_kwargs=_sentinel_kwargs(options),
-                             **_sentinel_kwargs(options))
+    asked = _sentinel_kwargs(options, AsyncRetry(NoBackoff(), 1))
+    sentinel = AsyncSentinel(list(parsed.sentinels), sentinel_kwargs=asked, **_timeouts(options))
     return sentinel.master_for(parsed.service, db=parsed.db, username=parsed.username, password=parsed.password,
                                **options)

@@ -1,51 +1,35 @@
 """Redis Sentinel URLs (``redis+sentinel://host:port,.../<service>/<db>``), opened by the one factory in
 ``clm.redis_connect`` for the trainer (sync queue, async store) and the embedder's Redis tier.
 
-Real processes: a redis-server primary and a real sentinel (``redis-server --sentinel``) monitoring it.
+Real processes: a redis-server primary and a real sentinel (``redis-server --sentinel``) monitoring it
+(``support.sentinel``); failover itself is shown in ``test_redis_sentinel_failover``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import socket
+import time
 
 import pytest
+import redis
 
 from clm.cache.redis_tier import RedisTier
-from clm_devtools.procs import ManagedProcess, free_port, redis_server_binary, start_redis, wait_until
+from clm_devtools.procs import free_port
 from clm.redis_connect import parse_sentinel_url, sync_client
 from clm_trainer.queue import JobQueue
 from clm_trainer.settings import TrainerSettings
 
+from support.sentinel import start_sentinel_setup
 from test_trainer_queue import submit
 
 
 @pytest.fixture(scope="module")
 def sentinel_url(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("sentinel")
-    primary, primary_url = start_redis(folder / "primary")
-    primary_port = int(primary_url.rsplit(":", 1)[1].split("/")[0])
-    port = free_port()
-    config = folder / "sentinel.conf"  # a sentinel rewrites its config file: it must be its own
-    config.write_text(f"port {port}\nbind 127.0.0.1\ndir {folder}\n"
-                      f"sentinel monitor clm-primary 127.0.0.1 {primary_port} 1\n")
-    sentinel = ManagedProcess(f"sentinel:{port}", [redis_server_binary(), str(config), "--sentinel"],
-                              folder / "sentinel.log").start()
-
-    def knows_primary() -> bool:
-        assert sentinel.alive(), sentinel.log_tail()
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
-            sock.sendall(b"SENTINEL get-master-addr-by-name clm-primary\r\n")
-            return str(primary_port).encode() in sock.recv(256)
-        return False
-
+    setup = start_sentinel_setup(tmp_path_factory.mktemp("sentinel"))
     try:
-        wait_until(knows_primary, timeout=20, what="the sentinel to monitor the primary")
-        yield f"redis+sentinel://127.0.0.1:{port}/clm-primary/3", primary_url
+        yield setup.url(db=3), f"redis://127.0.0.1:{setup.primary_port}/0"
     finally:
-        sentinel.stop()
-        primary.stop()
+        setup.stop()
 
 
 def test_the_trainer_queue_runs_through_a_sentinel(sentinel_url, tmp_path):
@@ -77,16 +61,25 @@ def test_the_embedder_redis_tier_runs_through_a_sentinel(sentinel_url):
 
 
 def test_a_dead_sentinel_fails_fast_as_an_outage():
-    tier_url = f"redis+sentinel://127.0.0.1:{free_port()}/clm-primary/0"
+    """No sentinel answers: both clients see an outage at once (the sentinels are asked with the caller's
+    retry policy, not redis-py's default of three retries with backoff, which took 7 s here)."""
+    url = f"redis+sentinel://127.0.0.1:{free_port()}/clm-primary/0"
 
     async def ping() -> bool:
-        tier = RedisTier(tier_url)
+        tier = RedisTier(url)
         try:
             return await tier.ping()
         finally:
             await tier.aclose()
 
+    started = time.monotonic()
     assert asyncio.run(asyncio.wait_for(ping(), 10)) is False
+    assert time.monotonic() - started < 2, "the embedder's tier spent seconds on a dead sentinel"
+    queue = JobQueue.connect(TrainerSettings(redis_url=url, redis_prefix="dead-sentinel"))
+    started = time.monotonic()
+    with pytest.raises(redis.ConnectionError, match="No master found for 'clm-primary'"):
+        queue.claim("w1")
+    assert time.monotonic() - started < 2, "the trainer's queue spent seconds on a dead sentinel"
 
 
 @pytest.mark.parametrize("url, fault", [
