@@ -8,7 +8,9 @@ No Docker engine and no cluster are needed. Two layers:
   ports, every volume / ConfigMap / Secret / PVC that is referenced exists,
   every ``CLM_*`` variable is a field of that service's settings class (and
   the settings class accepts the values), the encoder identity the embedder
-  claims matches what vLLM serves.
+  claims matches what vLLM serves, every CLM workload exposes the port it
+  listens on (a worker: its Prometheus /metrics port) and, in k8s, tells
+  Prometheus to scrape it there.
 
 Negative tests prove each layer can fail.
 """
@@ -55,6 +57,9 @@ COMPOSE_SETTINGS = {
     "clm-serve": ServeSettings,
 }
 IMAGE_SETTINGS = {"embedder": EmbedderSettings, "trainer": TrainerSettings, "serve": ServeSettings}
+# The settings field holding the port a workload listens on: its HTTP API (with GET /metrics), except a
+# trainer worker, which serves no API and listens only for Prometheus on a port of its own.
+LISTEN_PORT_FIELD = {"trainer-worker": "worker_metrics_port"}
 DEFAULT_PORTS = {"http": 80, "https": 443, "redis": 6379, "rediss": 6379}
 URL_RE = re.compile(r"^(?P<scheme>[a-z][a-z0-9+.-]*)://(?:[^@/]*@)?(?P<host>[^:/?#]+)(?::(?P<port>\d+))?")
 LOOPBACK = {"localhost", "127.0.0.1", "0.0.0.0", "::1"}
@@ -102,8 +107,10 @@ def instantiate_settings(cls: type, env: dict[str, str]) -> Any:
         return cls()
 
 
-def settings_errors(where: str, cls: type, env: dict[str, str | None], ports: set[int]) -> list[str]:
-    """Unknown CLM_* names, values the class rejects, a loopback host, a port not exposed."""
+def settings_errors(where: str, cls: type, env: dict[str, str | None], ports: set[int],
+                    port_field: str = "port") -> list[str]:
+    """Unknown CLM_* names, values the class rejects, a loopback host, a listening port (``port_field``)
+    that is off or not exposed."""
     errors = []
     known = settings_env_names(cls)
     for name in env:
@@ -116,9 +123,21 @@ def settings_errors(where: str, cls: type, env: dict[str, str | None], ports: se
         return errors + [f"{where}: {cls.__name__} rejects its environment: {exc}"]
     if getattr(settings, "host", "0.0.0.0") != "0.0.0.0":
         errors.append(f"{where}: listens on {settings.host}, unreachable from other containers (set HOST=0.0.0.0)")
-    if ports and getattr(settings, "port", None) not in ports:
-        errors.append(f"{where}: {cls.__name__}.port={settings.port} but the container exposes {sorted(ports)}")
+    port = getattr(settings, port_field)
+    if not port:
+        errors.append(f"{where}: {cls.__name__}.{port_field}=0: it listens on no port (no /metrics to scrape)")
+    elif port not in ports:
+        errors.append(f"{where}: {cls.__name__}.{port_field}={port} but the container exposes {sorted(ports)}")
     return errors
+
+
+def listen_port(cls: type, env: dict[str, str | None], port_field: str) -> int | None:
+    """The port ``cls`` built from ``env`` listens on (None when the settings are invalid: reported apart)."""
+    try:
+        settings = instantiate_settings(cls, {k: v for k, v in env.items() if isinstance(v, str)})
+    except ValidationError:
+        return None
+    return getattr(settings, port_field)
 
 
 def url_errors(where: str, value: str, ports_of: dict[str, set[int]], strip_suffix=None) -> list[str]:
@@ -259,7 +278,8 @@ def compose_wiring_errors(doc: dict) -> list[str]:
             if actual not in ports_of[name]:
                 errors.append(f"services.{name}.healthcheck: checks port {actual}, exposes {sorted(ports_of[name])}")
         if name in COMPOSE_SETTINGS:
-            errors += settings_errors(f"services.{name}", COMPOSE_SETTINGS[name], env, ports_of[name])
+            errors += settings_errors(f"services.{name}", COMPOSE_SETTINGS[name], env, ports_of[name],
+                                      LISTEN_PORT_FIELD.get(name, "port"))
 
     for volume in declared_volumes - used_volumes:
         errors.append(f"volumes: {volume!r} is declared but no service mounts it")
@@ -434,7 +454,10 @@ def k8s_wiring_errors(docs: list[dict]) -> list[str]:
                     errors.append(f"{cwhere}: {probe} port {http_get['port']!r} is not a container port")
             image_repo = container["image"].rsplit(":", 1)[0].rsplit("/", 1)[-1]
             if container["image"].startswith("clm/") and image_repo in IMAGE_SETTINGS:
-                errors += settings_errors(cwhere, IMAGE_SETTINGS[image_repo], env_names, container_ports)
+                cls, port_field = IMAGE_SETTINGS[image_repo], LISTEN_PORT_FIELD.get(name, "port")
+                errors += settings_errors(cwhere, cls, env_names, container_ports, port_field)
+                errors += scrape_errors(where, template["metadata"].get("annotations") or {},
+                                        listen_port(cls, env_names, port_field))
 
     for name, svc in services.items():
         selector = svc["spec"].get("selector") or {}
@@ -460,6 +483,13 @@ def k8s_wiring_errors(docs: list[dict]) -> list[str]:
                 errors.append(f"HorizontalPodAutoscaler/{name}: {container['name']} has no cpu request to scale on")
     errors += k8s_encoder_errors(by_kind)
     return errors
+
+
+def scrape_errors(where: str, annotations: dict[str, str], port: int | None) -> list[str]:
+    """A CLM pod asks Prometheus (``prometheus.io/*`` annotations) to scrape /metrics where it listens."""
+    want = {"prometheus.io/scrape": "true", "prometheus.io/port": str(port), "prometheus.io/path": "/metrics"}
+    return [f"{where}: pod annotation {key}={annotations.get(key)!r}, expected {value!r} (its /metrics)"
+            for key, value in want.items() if port is not None and str(annotations.get(key)) != value]
 
 
 def k8s_encoder_errors(by_kind: dict[str, dict[str, dict]]) -> list[str]:
@@ -506,7 +536,10 @@ def k8s_docs() -> list[dict]:
 
 
 def _service_env(doc: dict, service: str) -> dict:
-    svc = doc["services"][service]
+    return _service_env_of(doc["services"][service])
+
+
+def _service_env_of(svc: dict) -> dict:
     svc["environment"] = dict(svc["environment"])  # un-share YAML aliases before mutating
     return svc["environment"]
 
@@ -609,6 +642,21 @@ def test_compose_wiring_catches_bad_settings(compose_doc):
     assert "${CLM_REDIS_IMAGE} has no default" in errors
 
 
+def test_compose_wiring_catches_a_worker_metrics_port_not_exposed(compose_doc):
+    for mutate, fault in [
+        (lambda worker: worker.pop("expose"), "worker_metrics_port=9102 but the container exposes []"),
+        (lambda worker: _service_env_of(worker).update(CLM_TRAINER_WORKER_METRICS_PORT="9103"),
+         "worker_metrics_port=9103 but the container exposes [9102]"),
+        (lambda worker: _service_env_of(worker).update(CLM_TRAINER_WORKER_METRICS_PORT="0"),
+         "worker_metrics_port=0: it listens on no port"),
+        (lambda worker: worker.update(ports=["9102:9102"]), "prevents --scale trainer-worker=N"),
+    ]:
+        doc = copy.deepcopy(compose_doc)
+        mutate(doc["services"]["trainer-worker"])
+        errors = "\n".join(compose_wiring_errors(doc))
+        assert "services.trainer-worker" in errors and fault in errors, (fault, errors)
+
+
 def test_settings_env_names_include_aliases():
     names = settings_env_names(ServeSettings)
     assert {"CLM_CKPT", "CLM_SERVE_CKPT", "CLM_SERVE_PORT"} <= names
@@ -647,7 +695,7 @@ def test_k8s_has_the_production_objects(k8s_docs):
                  ("Deployment", "trainer-worker"), ("Deployment", "clm-serve"), ("StatefulSet", "redis"),
                  ("Secret", "clm-tokens"), ("PersistentVolumeClaim", "clm-data"),
                  ("Service", "vllm"), ("Service", "embedder"), ("Service", "trainer-api"),
-                 ("Service", "clm-serve"), ("Service", "redis")]:
+                 ("Service", "clm-serve"), ("Service", "redis"), ("Service", "trainer-worker-metrics")]:
         assert item in kinds, f"missing {item[0]}/{item[1]}"
     docs = {(d["kind"], d["metadata"]["name"]): d for d in k8s_docs}
     assert docs[("PersistentVolumeClaim", "clm-data")]["spec"]["accessModes"] == ["ReadWriteMany"]
@@ -663,6 +711,40 @@ def test_k8s_has_the_production_objects(k8s_docs):
             for c in d["spec"]["template"]["spec"]["containers"]:
                 secret_refs |= {e["name"] for e in c.get("env") or [] if "secretKeyRef" in (e.get("valueFrom") or {})}
     assert {"CLM_TRAINER_API_TOKEN", "CLM_SERVE_ADMIN_TOKEN"} <= secret_refs
+
+
+def test_every_clm_workload_is_scraped_where_it_serves_metrics(compose_doc, k8s_docs):
+    """Prometheus /metrics: the APIs on their HTTP ports, each trainer worker on a port of its own;
+    compose exposes those ports (on its network only) and k8s annotates its pods with them."""
+    metrics_ports = {"embedder": 8001, "trainer-api": 8002, "trainer-worker": 9102, "clm-serve": 8003}
+    assert TrainerSettings.model_fields["worker_metrics_port"].default == metrics_ports["trainer-worker"]
+    for name, port in metrics_ports.items():
+        assert port in compose_ports(compose_doc["services"][name]), name
+        deployment = next(d for d in k8s_docs if d["kind"] == "Deployment" and d["metadata"]["name"] == name)
+        template = deployment["spec"]["template"]
+        assert template["metadata"]["annotations"]["prometheus.io/port"] == str(port), name
+        assert port in {p["containerPort"] for p in template["spec"]["containers"][0]["ports"]}, name
+    assert not compose_doc["services"]["trainer-worker"].get("ports"), "a worker's metrics port is not published"
+    headless = next(d for d in k8s_docs if d["kind"] == "Service" and d["metadata"]["name"] == "trainer-worker-metrics")
+    assert headless["spec"]["clusterIP"] == "None", "each worker is scraped on its own, not load-balanced"
+    assert headless["spec"]["ports"] == [{"name": "metrics", "port": 9102, "targetPort": "metrics"}]
+
+
+def test_k8s_wiring_catches_a_worker_metrics_port_not_scraped(k8s_docs):
+    docs = copy.deepcopy(k8s_docs)
+    by = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    worker = by[("Deployment", "trainer-worker")]["spec"]["template"]
+    worker["metadata"]["annotations"]["prometheus.io/port"] = "9103"
+    worker["spec"]["containers"][0]["ports"] = [{"name": "metrics", "containerPort": 9104}]
+    del by[("Deployment", "embedder")]["spec"]["template"]["metadata"]["annotations"]["prometheus.io/scrape"]
+    errors = "\n".join(k8s_wiring_errors(docs))
+    assert "trainer-worker: pod annotation prometheus.io/port='9103', expected '9102'" in errors
+    assert "TrainerSettings.worker_metrics_port=9102 but the container exposes [9104]" in errors
+    assert "Service/trainer-worker-metrics: targetPort 'metrics'" not in errors  # the name still resolves
+    assert "Deployment/embedder: pod annotation prometheus.io/scrape=None, expected 'true'" in errors
+    env = {var["name"]: var for var in worker["spec"]["containers"][0]["env"]}
+    env["CLM_TRAINER_WORKER_METRICS_PORT"]["value"] = "0"
+    assert "worker_metrics_port=0: it listens on no port" in "\n".join(k8s_wiring_errors(docs))
 
 
 def test_k8s_wiring_catches_dangling_references(k8s_docs):
