@@ -36,6 +36,7 @@ import torch
 
 from clm.checkpoint import publish_checkpoint
 from clm_devtools.devstack import Service, start_embedder, start_serve
+from clm_devtools.procs import http_ok, wait_until
 from clm.encoders.base import EncoderFingerprint
 from clm.encoders.minilm import MINILM_MAX_TOKENS, MINILM_NAME, minilm_model_dir
 from clm.encoders.model_identity import fingerprint_for_model_dir
@@ -178,15 +179,8 @@ def start_stack(log_dir: Path, root: Path, mode: str, states: list[dict]) -> Sta
 
 
 def _wait_ready(url: str, timeout: float = 180.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"clm-serve at {url} not ready after {timeout:.0f}s")
+    """Until clm-serve has loaded its heads (``/health`` turns 200)."""
+    wait_until(lambda: http_ok(f"{url}/health", timeout=5), timeout, interval=0.2, what=f"clm-serve at {url} ready")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,6 +5,8 @@
 * ``clm_devtools.devstack``: the three services launched through their console
   scripts, as an operator starts them.
 * ``clm_devtools.vllm_server``: a vLLM pooling server from ``.venv-vllm``.
+* ``clm_devtools.compose``: a private Docker daemon and the compose stack on it
+  (``make test-compose``).
 
 Not part of the core (``clm``): no service and no user command needs them, so
 the service images do not install this distribution, and nothing under

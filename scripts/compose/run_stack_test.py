@@ -35,10 +35,10 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from stack import (  # noqa: E402
+from clm_devtools.compose import (
     LOCAL_PYTHON_IMAGE, LOCAL_REDIS_IMAGE, REPO_ROOT, ComposeStack, PrivateDockerd, build_inputs, log, prepare,
 )
+from clm_devtools.procs import http_ok, wait_until
 
 DATA = "/srv/clm/data/examples/data/soc_triage"  # the bundled records, inside the image's data volume
 HEADS_NAME = "soc-triage"  # docker-compose.yml's CLM_SERVE_HEADS_NAME default
@@ -115,13 +115,12 @@ class StackTest:
         return version_number(response.json().get("version")) if response.status_code == 200 else None
 
     def wait_served(self, version: int, timeout_s: float = 120) -> int:
-        deadline, served = time.monotonic() + timeout_s, None
-        while time.monotonic() < deadline:
-            served = self.served_version()
-            if served == version:
-                return served
-            time.sleep(1)
-        raise AssertionError(f"clm-serve serves {served}, not v{version:04d}, {timeout_s:.0f} s after publishing")
+        try:
+            wait_until(lambda: self.served_version() == version, timeout_s, interval=1,
+                       what=f"clm-serve to serve v{version:04d} after publishing")
+        except TimeoutError as error:
+            raise AssertionError(f"{error}; it serves {self.served_version()}") from None
+        return version
 
     def ask_systemone(self, version: int) -> None:
         record = json.loads((REPO_ROOT / "examples/data/soc_triage/test.jsonl").read_text().splitlines()[0])
@@ -158,15 +157,8 @@ class StackTest:
         assert len(workers) == 2, f"{len(workers)} trainer-worker containers running, expected 2"
 
     def wait_trainer(self, timeout_s: float = 120) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.trainer}/jobs", timeout=5).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        raise AssertionError(f"trainer API did not list jobs within {timeout_s:.0f} s")
+        wait_until(lambda: http_ok(f"{self.trainer}/jobs", timeout=5), timeout_s, interval=1,
+                   what="the trainer API to list jobs")
 
     def note_disk(self) -> None:
         """The least free disk seen at the checkpoints (vfs: the scale-2 stack is the peak)."""

@@ -54,6 +54,17 @@ def recipe_config(model_dir: Path | None = None, *, epochs: int = 3, name: str =
     }
 
 
+def local_recipe_config(model_dir: Path, data: dict[str, Path], root: Path, *, epochs: int = 1,
+                        name: str = "h") -> dict[str, Any]:
+    """``recipe_config`` for an in-process run (``TrainCLMHeadsRecipe``, ``clm train``): the splits at
+    their absolute paths, and the cache, checkpoints and report under ``root`` (nothing shared)."""
+    config = recipe_config(model_dir, epochs=epochs, name=name)
+    config["data"] = {split: str(path) for split, path in data.items()}
+    config["cache"] = {"dir": str(root / "cache")}
+    config["output"].update(checkpoint_root=str(root / "ckpt"), report_dir=str(root / "report"))
+    return config
+
+
 @dataclass
 class TrainerStack:
     """One API process and any number of workers sharing a Redis prefix and a root folder."""

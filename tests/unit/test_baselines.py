@@ -24,6 +24,7 @@ from clm.recipes.batches import collect_clm_texts, encode_records
 from clm.recipes.config import build_config
 from clm.recipes.train_clm_heads import TrainCLMHeadsRecipe
 from clm.synthetic import write_soc_triage_splits
+from support.trainer import local_recipe_config
 
 DIM = 8
 ALERT = {"type": "noul", "instructions": "Is this an attack?"}
@@ -127,16 +128,7 @@ def test_a_run_reports_baselines_without_encoding_a_single_extra_text(tiny_qwen3
     """Real recipe, real tiny Qwen3: the table holds exactly the splits' texts, a rerun encodes 0 texts,
     and both reports carry baselines, intervals and the seen / unseen breakdown."""
     data = write_soc_triage_splits(tmp_path / "data", {"train": 40, "validation": 30, "test": 10}, seed=5)
-    raw = {
-        "mode": "train",
-        "data": {split: str(path) for split, path in data.items()},
-        "encoder": {"backend": "local", "model": str(tiny_qwen3_dir), "pooling": "last", "max_tokens": 128},
-        "cache": {"dir": str(tmp_path / "cache")},
-        "heads": {"config": {"proj_dim": 16}, "seed": 1},
-        "loss": {"mode": "sft"},
-        "train": {"epochs": 1, "batch_size": 16, "seed": 1},
-        "output": {"checkpoint_root": str(tmp_path / "ckpt"), "name": "h", "report_dir": str(tmp_path / "report")},
-    }
+    raw = local_recipe_config(tiny_qwen3_dir, data, tmp_path)
     first = TrainCLMHeadsRecipe(build_config(raw))
     first.run_train_validation_loop()
     result = first.result

@@ -10,21 +10,13 @@ from clm.cli import main as clm_main
 from clm.recipes.config import build_config
 from clm.recipes.train_clm_heads import TrainCLMHeadsRecipe
 from clm.synthetic import write_soc_triage_splits
+from support.trainer import local_recipe_config
 
 
 @pytest.mark.slow
 def test_compare_two_published_versions_on_the_same_data(tiny_qwen3_dir, tmp_path, capsys):
     data = write_soc_triage_splits(tmp_path / "data", {"train": 40, "validation": 30, "test": 10}, seed=8)
-    raw = {
-        "mode": "train",
-        "data": {split: str(path) for split, path in data.items()},
-        "encoder": {"backend": "local", "model": str(tiny_qwen3_dir), "pooling": "last", "max_tokens": 128},
-        "cache": {"dir": str(tmp_path / "cache")},
-        "heads": {"config": {"proj_dim": 16}, "seed": 1},
-        "loss": {"mode": "sft"},
-        "train": {"epochs": 1, "batch_size": 16, "seed": 1},
-        "output": {"checkpoint_root": str(tmp_path / "ckpt"), "name": "h", "report_dir": str(tmp_path / "report")},
-    }
+    raw = local_recipe_config(tiny_qwen3_dir, data, tmp_path)
     TrainCLMHeadsRecipe(build_config(raw)).run_train_validation_loop()  # v0001
     TrainCLMHeadsRecipe(build_config(raw, [("train.epochs", 3), ("heads.init_checkpoint", str(tmp_path / "ckpt" / "h")),
                                            ("output.report_dir", str(tmp_path / "r2"))])).run_train_validation_loop()

@@ -32,6 +32,7 @@ from clm_embedder.admission import Saturated
 from clm_http.errors import kinded_error_response
 from clm_trainer.job_config import JobConfigError
 from clm_trainer.worker import classify
+from support.trainer import local_recipe_config
 
 
 def _os_error(code: int) -> OSError:
@@ -94,16 +95,9 @@ def soc_splits(tmp_path_factory) -> dict[str, Path]:
 
 
 def _config_file(tmp_path: Path, splits: dict[str, Path], model_dir: Path, cache_dir: Path) -> Path:
-    config = {
-        "mode": "train",
-        "data": {split: str(splits[split]) for split in ("train", "validation", "test")},
-        "encoder": {"backend": "local", "model": str(model_dir), "pooling": "last", "max_tokens": 64},
-        "cache": {"dir": str(cache_dir)},
-        "heads": {"config": {"proj_dim": 8}},
-        "train": {"epochs": 1, "batch_size": 4},
-        "output": {"checkpoint_root": str(tmp_path / "checkpoints"), "name": "kinds",
-                   "report_dir": str(tmp_path / "report")},
-    }
+    config = local_recipe_config(model_dir, {split: splits[split] for split in ("train", "validation", "test")},
+                                 tmp_path)
+    config["cache"]["dir"] = str(cache_dir)
     path = tmp_path / "recipe.yaml"
     path.write_text(json.dumps(config))  # JSON is YAML
     return path

@@ -1,4 +1,5 @@
-"""A private Docker daemon and the CLM compose stack on it, for `make test-compose`.
+"""A private Docker daemon and the CLM compose stack on it, for `make test-compose`
+(``scripts/compose/run_stack_test.py``).
 
 Why a private daemon: the test must not touch a Docker the machine already runs
 (its containers, images, networks), and CI machines have none. It runs on its own
@@ -19,6 +20,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from clm_devtools.procs import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILES = ("docker-compose.yml", "docker-compose.cpu.yml")
@@ -132,14 +135,14 @@ class PrivateDockerd:
         self.process = subprocess.Popen(cmd, stdout=self.log_path.open("ab"), stderr=subprocess.STDOUT,
                                         start_new_session=True)
         self.owner_file.write_text(f"{self.process.pid}\n")
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+
+        def answers() -> bool:
             if self.process.poll() is not None:
                 raise RuntimeError(f"dockerd exited {self.process.returncode}; see {self.log_path}")
-            if self.socket.exists() and run(["docker", "version"], env=self.env(), check=False).returncode == 0:
-                return self
-            time.sleep(0.5)
-        raise RuntimeError(f"dockerd did not answer on {self.socket} within 60 s; see {self.log_path}")
+            return self.socket.exists() and run(["docker", "version"], env=self.env(), check=False).returncode == 0
+
+        wait_until(answers, timeout=60, interval=0.5, what=f"dockerd to answer on {self.socket} (log: {self.log_path})")
+        return self
 
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         return {**os.environ, "DOCKER_HOST": f"unix://{self.socket}", **(extra or {})}
