@@ -11,6 +11,8 @@ Steps, each an assertion (the first failure stops the run, exit 1):
   serve     GET /v1/heads shows the new version; POST /v1/systemone answers with it
   scale     `up -d --scale trainer-worker=2`; a second job succeeds
   users     every CLM container (and vllm-cpu) runs as uid 10001; only 8002 and 8003 are published
+  metrics   each trainer worker's /metrics (port 9102) answers across the compose network, from the
+            trainer-api container; together the workers count the jobs that succeeded
   redis     `restart redis` loses no job (AOF)
   volumes   `down` then `up`: the jobs, the served heads and the caches survive; the same
             SFT job again embeds 0 texts
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -156,6 +159,22 @@ class StackTest:
         workers = [c for c in containers if c["Service"] == "trainer-worker" and c["State"] == "running"]
         assert len(workers) == 2, f"{len(workers)} trainer-worker containers running, expected 2"
 
+    def check_worker_metrics(self) -> None:
+        """Every worker's own /metrics port answers on the compose network (as a Prometheus there would
+        reach it), and the workers' counters add up to the jobs that succeeded so far."""
+        containers = self.stack.containers()
+        api = next(c for c in containers if c["Service"] == "trainer-api" and c["State"] == "running")
+        scrape = "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())"
+        succeeded = 0.0
+        for worker in (c for c in containers if c["Service"] == "trainer-worker" and c["State"] == "running"):
+            url = f"http://{worker['Name']}:9102/metrics"
+            text = self.stack.docker("exec", api["ID"], "python", "-c", scrape, url).stdout
+            counter = re.search(r'^clm_trainer_worker_jobs_total\{outcome="succeeded"\} (\S+)$', text, re.MULTILINE)
+            assert counter, f"{url}: no clm_trainer_worker_jobs_total in\n{text[:1500]}"
+            succeeded += float(counter[1])
+        assert succeeded >= 1, f"the workers' /metrics count {succeeded} succeeded jobs after the eval job"
+        self.figures["worker_metrics_jobs_succeeded"] = succeeded
+
     def wait_trainer(self, timeout_s: float = 120) -> None:
         wait_until(lambda: http_ok(f"{self.trainer}/jobs", timeout=5), timeout_s, interval=1,
                    what="the trainer API to list jobs")
@@ -191,6 +210,7 @@ class StackTest:
         self.note_disk()
         self.run_job("eval", self.job_config("sft", sft["result"]["checkpoint"]["path"], mode="eval"))
         self.check_users_and_ports()
+        self.check_worker_metrics()
 
         before = self.jobs_listed()
         self.stack.compose("restart", "redis", timeout=300)
