@@ -176,6 +176,8 @@ MALFORMED = [
     ("Infinity literal", '{"id": "r-1", "state": "s", "questions": {"q": {"type": "noul"}}, "weight": Infinity}', "weight", "Infinity"),
     ("-Infinity in the state", '{"id": "r-1", "state": {"x": [1, -Infinity]}, "questions": {"q": {"type": "noul"}}}', "state.x[1]", "-Infinity"),
     ("number overflowing to inf", '{"id": "r-1", "state": "s", "questions": {"q": {"type": "noul"}}, "weight": 1e999}', "weight", "overflows"),
+    ("integer weight beyond float range", '{"id": "r-1", "state": "s", "questions": {"q": {"type": "noul"}}, "weight": 1' + "0" * 400 + "}", "weight", "must be finite"),
+    ("integer reward beyond float range", '{"id": "r-1", "state": "s", "questions": {"q": {"type": "noul"}}, "rewards": {"q": {"yes": -1' + "0" * 400 + ', "no": 0}}}', "rewards.q", "must be finite"),
     ("zero weight", record(weight=0), "weight", "> 0"),
     ("negative weight", record(weight=-2.5), "weight", "> 0"),
     ("weight as string", record(weight="1"), "weight", "must be a number"),

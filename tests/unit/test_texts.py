@@ -117,3 +117,23 @@ def test_render_state_refuses_non_finite_numbers_and_other_types():
         render_state({"x": float("inf")})
     with pytest.raises(TypeError):
         render_state(["a", "list"])
+
+
+def test_render_state_is_json_dumps_canonical_text_for_every_kind_of_state():
+    """render_state writes most states with msgspec; its bytes must be json.dumps' (the text contract)."""
+    import json
+
+    every_code_point = "".join(chr(c) for c in range(0x110000) if not 0xD800 <= c < 0xE000)
+    states = [
+        {"text": every_code_point, every_code_point[:300]: 1},
+        {"b": {"z": 1, "a": [{"y": 2, "c": None}, True, "x"]}, "a": False, "é": -(2**62), "E": 2**63 - 1},
+        {"big": 2**64, "small": -(2**70)},  # beyond the int range msgspec takes for json's spelling
+        {"f": 1e22, "g": [0.5, -0.0, 1e-7, 123456.789], "h": 1.0},  # floats: json.dumps spells them
+        {"empty": {}, "list": []},
+        {},
+    ]
+    for state in states:
+        expected = json.dumps(state, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        assert render_state(state) == expected
+    with pytest.raises(ValueError):  # non-finite numbers have no canonical text
+        render_state({"a": float("nan")})

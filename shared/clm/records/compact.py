@@ -33,30 +33,36 @@ import os
 from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
-from clm.records import iter_records
+from clm.records.fast_lines import FastLineReader, QuestionsBlock, RewardRows, VouchedLine
+from clm.records.loader import read_records_file
 from clm.records.model import QuestionTarget, Record
-from clm.texts import option_texts, state_texts
+from clm.texts import STATE_LABEL, option_texts, render_state, state_text_tail
 
 
 class TextIds:
-    """Distinct texts in first-seen order, each with an id (its position); the streaming dedup."""
+    """Distinct texts in first-seen order, each with an id (its position); the streaming dedup.
+
+    One dict holds each text once (insertion order is id order), so 3x10^6
+    texts cost one key and one small int each, not also a parallel list.
+    """
 
     def __init__(self) -> None:
-        self._ids: dict[str, int] = {}
-        self.texts: list[str] = []
+        self.ids: dict[str, int] = {}
 
     def id_of(self, text: str) -> int:
-        found = self._ids.get(text)
-        if found is None:
-            found = self._ids[text] = len(self.texts)
-            self.texts.append(text)
-        return found
+        return self.ids.setdefault(text, len(self.ids))
+
+    @property
+    def texts(self) -> list[str]:
+        """The texts in id order (a new list of the same string objects)."""
+        return list(self.ids)
 
     def __len__(self) -> int:
-        return len(self.texts)
+        return len(self.ids)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +90,8 @@ class CompactRecords:
     labels: np.ndarray
     has_rewards: np.ndarray
     rewards: np.ndarray
+    # Lines the strict reader read (blank ones included): lines the fast reader could not vouch for.
+    strict_lines: int = 0
 
     def __len__(self) -> int:
         return len(self.record_ids)
@@ -116,79 +124,153 @@ class CompactRecords:
         return sum(a.nbytes for a in arrays) + ids
 
 
+class _CompactBlock(NamedTuple):
+    """What every record of one questions block (and one record-instructions text) shares in the arrays."""
+
+    state_tails: tuple[str, ...]  # per question: the state text after the rendered state (clm.texts)
+    schema_index: tuple[int, ...]
+    option_counts: tuple[int, ...]  # per question
+    option_text_ids: tuple[int, ...]
+
+
 class _Builder:
-    """Grows the flat arrays record by record (``array.array``: 8 bytes a value, no Python objects)."""
+    """Collects records and lays them out as ``CompactRecords`` (``array.array``: no Python object per value).
+
+    Both readers feed one method, ``add_parts``: a strictly read ``Record``
+    is taken apart into what a ``VouchedLine`` carries, so the arrays cannot
+    depend on which reader read a line. Per record only what is its own is
+    stored (id, weight, state text ids) plus three small indices: its
+    ``_CompactBlock``, its labels and its reward rows, each kept once per
+    distinct value; ``build`` expands them into the per-question and
+    per-option arrays with numpy (a few appends a record instead of a dozen).
+    """
 
     def __init__(self, texts: TextIds) -> None:
         self.texts = texts
         self.record_ids: list[str] = []
         self.weights = array("d")
-        self.question_offsets = array("q", [0])
-        self.schema_index = array("i")
         self.state_text_ids = array("q")
-        self.option_offsets = array("q", [0])
-        self.option_text_ids = array("q")
-        self.labels = array("i")
-        self.has_rewards = array("b")
-        self.rewards = array("d")
+        self.record_blocks = array("q")
+        self.record_labels = array("q")
+        self.record_rewards = array("q")
         self._schema_ids: dict[QuestionSchema, int] = {}
-        # option texts depend only on the question (type, criteria); records repeat a few questions.
-        self._options_by_question: dict[object, tuple[int, ...]] = {}
+        self._blocks: dict[_CompactBlock, int] = {}
+        self._labels: dict[tuple[int, ...], int] = {}
+        self._rewards: dict[RewardRows, int] = {}
 
-    def add(self, record: Record) -> None:
-        states = state_texts(record)
-        for target in record.decision_questions():
-            schema = QuestionSchema(target.question_id, target.option_ids, target.question_type)
-            self.schema_index.append(self._schema_ids.setdefault(schema, len(self._schema_ids)))
-            self.state_text_ids.append(self.texts.id_of(states[target.question_id]))
-            self.option_text_ids.extend(self._option_ids(record.questions[target.question_id]))
-            self.option_offsets.append(len(self.option_text_ids))
-            self.labels.append(target.label)
-            self.has_rewards.append(target.rewards is not None)
-            self.rewards.extend(target.rewards if target.rewards is not None else [float("nan")] * len(schema.option_ids))
-        self.record_ids.append(record.id)
-        self.weights.append(float(record.weight))
-        self.question_offsets.append(len(self.labels))
+    def add(self, line: Record | VouchedLine) -> None:
+        if isinstance(line, VouchedLine):
+            self.add_parts(*line)
+            return
+        block = QuestionsBlock({}, line.questions)
+        targets = line.decision_questions()
+        self.add_parts(line.id, float(line.weight), render_state(line.state), line.instructions, block,
+                       tuple(t.label for t in targets), RewardRows.of(block, [t.rewards for t in targets]))
 
-    def _option_ids(self, question: object) -> tuple[int, ...]:
-        key = question.model_dump_json()  # type: ignore[attr-defined]  (a frozen question model)
-        found = self._options_by_question.get(key)
-        if found is None:
-            found = self._options_by_question[key] = tuple(self.texts.id_of(t) for t in option_texts(question))
-        return found
+    def add_parts(self, record_id: str, weight: float, rendered_state: str, instructions: str | None,
+                  block: QuestionsBlock, labels: tuple[int, ...], rewards: RewardRows) -> None:
+        compacted = block.compacted.get(instructions) if block.compacted else None
+        if compacted is None:  # the block's first record: texts join in the order every record adds them
+            compacted = self._compact_block(block, rendered_state, instructions)
+        else:
+            ids = self.texts.ids
+            state = STATE_LABEL + rendered_state
+            self.state_text_ids.extend([ids.setdefault(state + tail, len(ids)) for tail in compacted[1].state_tails])
+        self.record_blocks.append(compacted[0])
+        label_index = self._labels.get(labels)
+        if label_index is None:
+            label_index = self._labels[labels] = len(self._labels)
+        self.record_labels.append(label_index)
+        reward_index = self._rewards.get(rewards)
+        if reward_index is None:
+            reward_index = self._rewards[rewards] = len(self._rewards)
+        self.record_rewards.append(reward_index)
+        self.record_ids.append(record_id)
+        self.weights.append(weight)
 
-    def build(self, source: str) -> CompactRecords:
-        schemas = tuple(sorted(self._schema_ids, key=self._schema_ids.__getitem__))
+    def _compact_block(self, block: QuestionsBlock, rendered_state: str, instructions: str | None) -> tuple:
+        """(index, ``_CompactBlock``) of a block with these record instructions; adds this record's state texts."""
+        id_of = self.texts.id_of
+        state_tails, schema_index, option_counts, option_text_ids = [], [], [], []
+        for question_id, question in block.items:
+            tail = state_text_tail(question_id, question.instructions, instructions)
+            self.state_text_ids.append(id_of(STATE_LABEL + rendered_state + tail))
+            state_tails.append(tail)
+            schema = QuestionSchema(question_id, question.option_ids(), question.type_id)
+            schema_index.append(self._schema_ids.setdefault(schema, len(self._schema_ids)))
+            texts = option_texts(question)
+            option_text_ids.extend(id_of(text) for text in texts)
+            option_counts.append(len(texts))
+        compacted = _CompactBlock(tuple(state_tails), tuple(schema_index), tuple(option_counts), tuple(option_text_ids))
+        indexed = (self._blocks.setdefault(compacted, len(self._blocks)), compacted)
+        if block.compacted is None:
+            block.compacted = {}
+        block.compacted[instructions] = indexed
+        return indexed
+
+    def build(self, source: str, strict_lines: int) -> CompactRecords:
+        blocks = list(self._blocks)
+        record_blocks = np.frombuffer(self.record_blocks, dtype=np.int64)
+        questions_per_block = np.array([len(b.schema_index) for b in blocks], dtype=np.int64)
+        question_offsets = np.zeros(len(self.record_ids) + 1, dtype=np.int64)
+        np.cumsum(questions_per_block[record_blocks], out=question_offsets[1:])
+        option_counts = _expand([b.option_counts for b in blocks], record_blocks, np.int64)
+        option_offsets = np.zeros(len(option_counts) + 1, dtype=np.int64)
+        np.cumsum(option_counts, out=option_offsets[1:])
+        rewards = list(self._rewards)
+        record_rewards = np.frombuffer(self.record_rewards, dtype=np.int64)
         return CompactRecords(
             source=source, record_ids=self.record_ids,
             weights=np.frombuffer(self.weights, dtype=np.float64),
-            question_offsets=np.frombuffer(self.question_offsets, dtype=np.int64),
-            schemas=schemas, schema_index=np.frombuffer(self.schema_index, dtype=np.int32),
+            question_offsets=question_offsets,
+            schemas=tuple(sorted(self._schema_ids, key=self._schema_ids.__getitem__)),
+            schema_index=_expand([b.schema_index for b in blocks], record_blocks, np.int32),
             state_text_ids=np.frombuffer(self.state_text_ids, dtype=np.int64),
-            option_offsets=np.frombuffer(self.option_offsets, dtype=np.int64),
-            option_text_ids=np.frombuffer(self.option_text_ids, dtype=np.int64),
-            labels=np.frombuffer(self.labels, dtype=np.int32),
-            has_rewards=np.frombuffer(self.has_rewards, dtype=np.int8).astype(bool),
-            rewards=np.frombuffer(self.rewards, dtype=np.float64),
+            option_offsets=option_offsets,
+            option_text_ids=_expand([b.option_text_ids for b in blocks], record_blocks, np.int64),
+            labels=_expand(list(self._labels), np.frombuffer(self.record_labels, dtype=np.int64), np.int32),
+            has_rewards=_expand([r.has_rewards for r in rewards], record_rewards, np.bool_),
+            rewards=_expand([r.flat_rewards for r in rewards], record_rewards, np.float64),
+            strict_lines=strict_lines,
         )
+
+
+def _expand(values: list[tuple], which: np.ndarray, dtype: type) -> np.ndarray:
+    """``concatenate([values[i] for i in which])``, vectorized: each record's run of a distinct value."""
+    lengths = np.array([len(v) for v in values], dtype=np.int64)
+    flat = np.array([x for v in values for x in v], dtype=dtype)
+    starts = np.cumsum(lengths) - lengths
+    run_lengths = lengths[which]
+    # output position p of record r reads flat[starts[which[r]] + (p - first output position of r)]
+    shift = np.repeat(starts[which] - (np.cumsum(run_lengths) - run_lengths), run_lengths)
+    return flat[np.arange(len(shift), dtype=np.int64) + shift]
 
 
 def compact_records(records: Iterable[Record], texts: TextIds, source: str = "<records>") -> CompactRecords:
     """Compact already-validated records (their texts join ``texts``)."""
     builder = _Builder(texts)
+    count = 0
     for record in records:
         builder.add(record)
-    return builder.build(source)
+        count += 1
+    return builder.build(source, strict_lines=count)
 
 
 def load_compact(path: str | os.PathLike[str], texts: TextIds) -> CompactRecords:
     """A records file validated exactly as ``load_records`` does, kept compact, streamed.
 
-    Raises the same ``RecordError`` (every problem, file/line/record/field);
-    nothing of a bad file is returned, though its texts may have joined
+    Lines go through ``clm.records.fast_lines.FastLineReader``, which hands
+    every line it cannot vouch for to the strict reader; so this raises the
+    same ``RecordError`` (every problem, file/line/record/field) and keeps
+    the same arrays as ``compact_records(iter_records(path), ...)``, faster.
+    Nothing of a bad file is returned, though its texts may have joined
     ``texts`` (callers drop the ``TextIds`` of a failed load).
     """
-    return compact_records(iter_records(path), texts, str(path))
+    builder = _Builder(texts)
+    reader = FastLineReader()
+    for line in read_records_file(path, reader):
+        builder.add(line)
+    return builder.build(str(path), strict_lines=reader.strict_lines)
 
 
 __all__ = ["CompactRecords", "QuestionSchema", "TextIds", "compact_records", "load_compact"]

@@ -13,9 +13,9 @@ import gzip
 import json
 import os
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO, TypeVar
+from typing import Any, BinaryIO, Protocol, TypeVar
 
 from pydantic import ValidationError
 
@@ -125,12 +125,33 @@ def load_records(path: str | os.PathLike[str]) -> list[Record]:
 def iter_records(path: str | os.PathLike[str]) -> Iterator[Record]:
     """The valid records of a file, one at a time, under exactly ``load_records``' rules.
 
-    The one reader of records files: ``load_records`` lists what it yields and
-    ``clm.records.compact`` compacts each record and drops it, so a large file
-    never exists as a list of pydantic objects. Problems are collected while
-    reading on; once the file is read, any problem raises one ``RecordError``
-    naming all of them, so a consumer must discard what it built when the
-    iteration raises (nothing partial is ever valid).
+    The one reader of records files: ``load_records`` lists what it yields,
+    ``clm records validate`` summarizes it, and ``clm.records.compact`` reads
+    through the same ``read_records_file`` with a faster line reader that
+    falls back to this one. Problems are collected while reading on; once the
+    file is read, any problem raises one ``RecordError`` naming all of them,
+    so a consumer must discard what it built when the iteration raises
+    (nothing partial is ever valid).
+    """
+    return read_records_file(path, read_line)
+
+
+class IdentifiedLine(Protocol):
+    """What a line reader hands back for a valid line: anything with the record's id."""
+
+    @property
+    def id(self) -> str: ...
+
+
+LineT = TypeVar("LineT", bound=IdentifiedLine)
+LineReader = Callable[[bytes, str, int], LineT | list[RecordProblem] | None]
+
+
+def read_records_file(path: str | os.PathLike[str], line_reader: LineReader[LineT]) -> Iterator[LineT]:
+    """The file-level rules around any line reader: numbering, duplicate ids, gzip damage, no records.
+
+    ``line_reader(raw, source, line_number)`` returns the line's record (any
+    object with an ``id``), its problems, or None for a blank line.
     """
     path = Path(path)
     source = str(path)
@@ -140,7 +161,7 @@ def iter_records(path: str | os.PathLike[str]) -> Iterator[Record]:
     try:
         for line_number, raw in _numbered_lines(path):
             last_line = line_number
-            problem_or_record = _read_line(raw, source, line_number)
+            problem_or_record = line_reader(raw, source, line_number)
             if problem_or_record is None:
                 continue
             if isinstance(problem_or_record, list):
@@ -163,8 +184,8 @@ def iter_records(path: str | os.PathLike[str]) -> Iterator[Record]:
         raise RecordError([RecordProblem(source, 0, None, None, "the file holds no records")])
 
 
-def _read_line(raw: bytes, source: str, line_number: int) -> Record | list[RecordProblem] | None:
-    """The record on one line, its problems, or None for a blank line."""
+def read_line(raw: bytes, source: str, line_number: int) -> Record | list[RecordProblem] | None:
+    """The record on one line, its problems, or None for a blank line: the strict reader every rule lives in."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as error:

@@ -46,7 +46,10 @@ def finite_number(value: Any, what: str) -> float:
     """``value`` as a float if it is a finite JSON number (not a bool); else ValueError."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{what} must be a number, got {describe(value)}")
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond float range (JSON has no limit on digits)
+        number = math.inf
     if not math.isfinite(number):
         raise ValueError(f"{what} must be finite, got {describe(value)}")
     return number
