@@ -32,7 +32,7 @@ class EmbedderSettings(ServiceSettings):
     weights_id: str = Field("", description="Weights revision for the fingerprint when the backend cannot hash the files (vllm with a hub name).")
 
     vllm_url: str = Field("http://127.0.0.1:8000", description="Base URL of the vLLM pooling server.")
-    vllm_model: str = Field("", description="Model name the vLLM server serves (default: `model`).")
+    vllm_model: str = Field("", description="Model name to ask the vLLM server for; empty: the server's only model.")
     vllm_batch_size: int = Field(256, ge=1, description="Inputs per request to vLLM, which is also the largest coalesced batch.")
     vllm_max_concurrency: int = Field(4, ge=1, description="Requests to vLLM (coalesced batches) in flight at once; locally one batch at a time.")
     vllm_timeout_s: float = Field(120.0, gt=0, description="Timeout of one vLLM request.")
