@@ -6,8 +6,10 @@ project's SOC-triage generator (``clm.synthetic``), written once under
 memory is its own) through the recipe's own data path:
 
 * **load**: ``clm.records.compact.load_compact`` (every rule of the loader,
-  records kept as arrays, texts deduplicated while streaming);
-* **texts**: the run's sorted text set and its digest (the table's cache key);
+  records kept as arrays, texts deduplicated while streaming); ``strict_lines``
+  counts the lines the fast reader left to the strict one;
+* **texts**: the run's sorted text set, each text id's row, and the set's
+  digest (the table's cache key);
 * **table**: an ``EmbeddingTable`` of every text at ``--dim`` (1024), the
   vectors drawn from a seeded normal generator instead of an encoder, so the
   measure is the data path and not the encoder;
@@ -134,11 +136,12 @@ def run_size(data: Path, workdir: Path, dim: int, steps: int, seed: int) -> dict
         text_ids = TextIds()
         compact = load_compact(data, text_ids)
         entry.update(records=len(compact), questions=compact.question_count, texts=len(text_ids),
-                     compact_bytes=compact.nbytes())
+                     compact_bytes=compact.nbytes(), strict_lines=compact.strict_lines)
     entry["records_per_s"] = round(len(compact) / entry["seconds"], 1)
 
     with phase("texts") as entry:
-        texts = sorted(text_ids.texts)
+        texts, rows = text_ids.sorted_with_rows()  # as the recipe: the table's rows come from the sort
+        del text_ids  # from here every text is held once: by `texts`, which the table shares
         entry["text_set_digest"] = text_set_digest(texts)[:16]
         entry["text_bytes"] = sum(len(text.encode()) for text in texts)
 
@@ -159,9 +162,7 @@ def run_size(data: Path, workdir: Path, dim: int, steps: int, seed: int) -> dict
                     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
                     writer.write(np.arange(start, end), vectors)
                 table = writer.finalize()
-            rows = table.rows_of(text_ids.texts)
             split = EncodedSplit(compact, rows, texts)
-            del text_ids
             entry.update(rows=len(table), dim=dim, table_gb=round((table_path / "vectors.npy").stat().st_size / 2**30, 3),
                          vectors="seeded standard normal, L2-normalised, stored float16")
 

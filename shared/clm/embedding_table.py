@@ -22,6 +22,7 @@ half-way, is refused instead of yielding garbage vectors.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -66,9 +67,20 @@ class EmbeddingTable:
     def __init__(self, path: Path, texts: list[str], matrix: np.ndarray, header: dict) -> None:
         self.path = path
         self._texts = texts
-        self._row_by_text = {text: row for row, text in enumerate(texts)}
+        self._row_by_text_built: dict[str, int] | None = None
         self._matrix = matrix
         self.header = header
+
+    @property
+    def _row_by_text(self) -> dict[str, int]:
+        """text -> row, built on the first lookup by text.
+
+        Training looks rows up by array, not by text (``EncodedSplit``), so at
+        3x10^6 texts this ~200 MB dict is built only by callers that need it.
+        """
+        if self._row_by_text_built is None:
+            self._row_by_text_built = {text: row for row, text in enumerate(self._texts)}
+        return self._row_by_text_built
 
     # -- building ------------------------------------------------------------------------------
 
@@ -131,6 +143,10 @@ class EmbeddingTable:
     def __len__(self) -> int:
         return len(self._texts)
 
+    def has_rows_in_order(self, texts: Sequence[str]) -> bool:
+        """True when row i holds ``texts[i]`` for every row (then rows need no lookup by text)."""
+        return len(texts) == len(self._texts) and all(a == b for a, b in zip(self._texts, texts))
+
     def __contains__(self, text: object) -> bool:
         return text in self._row_by_text
 
@@ -185,17 +201,19 @@ class EmbeddingTableWriter:
         non_str = next((t for t in texts if not isinstance(t, str)), None)
         if non_str is not None:
             raise TypeError(f"texts must be str, got {type(non_str).__name__}: {non_str!r:.100}")
-        row_by_text: dict[str, int] = {}
-        for row, text in enumerate(texts):
-            if row_by_text.setdefault(text, row) != row:
-                raise ValueError(
-                    f"duplicate text in embedding table build (rows {row_by_text[text]} and {row}): {text!r:.200}"
-                )
+        self._row_by_text_built: dict[str, int] | None = None
+        if not _strictly_ascending(texts):  # sorted texts (every recipe table) are distinct without a dict
+            self._row_by_text_built = {}
+            for row, text in enumerate(texts):
+                if self._row_by_text_built.setdefault(text, row) != row:
+                    raise ValueError(
+                        f"duplicate text in embedding table build (rows {self._row_by_text_built[text]} and {row}): "
+                        f"{text!r:.200}"
+                    )
         if path.exists():
             raise FileExistsError(f"embedding table {path} already exists; tables are immutable, build a new one")
         self.path = path
         self._texts = list(texts)
-        self._row_by_text = row_by_text
         self._dim = dim
         self._fingerprint = fingerprint_digest
         self._written = np.zeros(len(texts), dtype=bool)
@@ -234,8 +252,10 @@ class EmbeddingTableWriter:
         self._written[rows] = True
 
     def _row_of(self, text: str) -> int:
+        if self._row_by_text_built is None:
+            self._row_by_text_built = {text: row for row, text in enumerate(self._texts)}
         try:
-            return self._row_by_text[text]
+            return self._row_by_text_built[text]
         except KeyError:
             raise KeyError(f"text is not part of the table being built at {self.path}: {text!r:.200}") from None
 
@@ -277,7 +297,9 @@ class EmbeddingTableWriter:
             raise EmbeddingTableError(f"cannot publish embedding table at {self.path}: {error}") from error
         fsync_dir(self.path.parent)
         self._closed = True
-        return EmbeddingTable.open(self.path, self._fingerprint)
+        # The texts were just written from this list: the table shares it instead of reading a second
+        # copy of every text back from index.jsonl; the matrix gets open()'s checks.
+        return EmbeddingTable(self.path, self._texts, _open_matrix(self.path, header), header)
 
     def abort(self) -> None:
         """Discard the partial build (safe to call more than once)."""
@@ -297,6 +319,10 @@ class EmbeddingTableWriter:
             self.abort()
         elif not self._closed:
             self.finalize()
+
+
+def _strictly_ascending(texts: Sequence[str]) -> bool:
+    return all(earlier < later for earlier, later in zip(texts, itertools.islice(texts, 1, None)))
 
 
 def _read_index(path: Path) -> tuple[dict, list[str]]:

@@ -98,6 +98,8 @@ def test_error_inside_context_manager_discards_the_build(tmp_path):
 def test_bad_builds_are_refused(tmp_path):
     with pytest.raises(ValueError, match="duplicate text"):
         EmbeddingTable.create(tmp_path / "a", ["x", "y", "x"], DIM, FINGERPRINT)
+    with pytest.raises(ValueError, match=r"duplicate text.*rows 1 and 2"):  # sorted: checked without a dict first
+        EmbeddingTable.create(tmp_path / "a", ["a", "b", "b", "c"], DIM, FINGERPRINT)
     writer = EmbeddingTable.create(tmp_path / "b", ["x", "y"], DIM, FINGERPRINT)
     with pytest.raises(ValueError, match=r"shape \(2, 8\)"):
         writer.write([0, 1], _vectors(2, DIM + 1))
@@ -152,3 +154,17 @@ def test_shape_disagreeing_with_header_and_flipped_bytes_are_refused(tmp_path):
     EmbeddingTable.open(tmp_path / "t")  # same size: only the checksum can tell
     with pytest.raises(EmbeddingTableError, match="does not match its header"):
         EmbeddingTable.open(tmp_path / "t", verify_checksum=True)
+
+
+def test_a_finalized_table_shares_the_builders_texts_and_reopens_equal(tmp_path):
+    texts = sorted(TEXTS)
+    vectors = _vectors()
+    with EmbeddingTable.create(tmp_path / "t", texts, DIM, FINGERPRINT) as writer:
+        writer.write(texts[::-1], vectors[::-1])  # by text: the sorted build's lookup exists only when asked for
+        built = writer.finalize()
+    assert all(a is b for a, b in zip(built._texts, texts))  # one copy of every text, not one read back
+    assert built._row_by_text_built is None  # nothing looked up by text yet
+    reopened = EmbeddingTable.open(tmp_path / "t", FINGERPRINT, verify_checksum=True)
+    assert reopened.texts == built.texts == texts and reopened.header == built.header
+    assert torch.equal(reopened.vectors(np.arange(len(texts))), built.vectors(np.arange(len(texts))))
+    assert built.rows_of(texts).tolist() == list(range(len(texts)))

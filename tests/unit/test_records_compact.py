@@ -235,3 +235,16 @@ def test_encoded_split_equals_the_per_record_encoding(generated, tmp_path):
     assert split[-1] == expected[-1] and split[3:7] == expected[3:7]
     with pytest.raises(IndexError):
         split[len(split)]
+
+
+def test_sorted_texts_come_with_each_text_ids_row(generated, tmp_path):
+    texts = TextIds()
+    load_compact(generated, texts)
+    ordered, rows = texts.sorted_with_rows()
+    assert ordered == sorted(texts.texts) and rows.dtype == np.int64
+    assert [ordered[row] for row in rows.tolist()] == texts.texts
+    with EmbeddingTable.create(tmp_path / "table", ordered, 4, "test") as writer:
+        writer.write(list(range(len(ordered))), np.ones((len(ordered), 4), dtype=np.float32))
+        table = writer.finalize()
+    assert table.has_rows_in_order(ordered) and not table.has_rows_in_order(ordered[::-1])
+    assert np.array_equal(table.rows_of(texts.texts), rows)

@@ -146,9 +146,11 @@ class TrainCLMHeadsRecipe:
         if self.cfg.heads.init_checkpoint is not None:
             self.init_checkpoint = load_heads_reference(self.cfg.heads.init_checkpoint)
             self.check_checkpoint_encoder(self.init_checkpoint)
-        self.texts = sorted(text_ids.texts)
+        self.texts, sorted_rows = text_ids.sorted_with_rows()
         self.table = self._embed_all(self.texts)
-        rows = self.table.rows_of(text_ids.texts)  # text id -> table row, one array for every split
+        # text id -> table row, one array for every split; a table in sorted order needs no lookup by text
+        # (which would build its text -> row dict: a second index of every text, ~70 B each)
+        rows = sorted_rows if self.table.has_rows_in_order(self.texts) else self.table.rows_of(text_ids.texts)
         row_texts = self.texts if len(self.table) == len(self.texts) else self.table.texts
         self.encoded = {split: EncodedSplit(split_records, rows, row_texts) for split, split_records in compact.items()}
         self.records = self.encoded

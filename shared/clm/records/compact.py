@@ -4,9 +4,11 @@ A security team's alert history is 10^6 records and more; as ``Record``
 objects that is ~10 KB each in RAM. The trainer needs far less per record:
 which texts each question embeds (ids into one deduplicated text list, later
 rows of the ``EmbeddingTable``), its label, its reward vector and its option
-identities. So every record is validated by the one loader
-(``clm.records.loader.iter_records``: the same rules and the same
-``RecordError`` as ``load_records``), compacted here, and dropped.
+identities. So every record is validated under the one loader's rules
+(``clm.records.loader.read_records_file`` with the fast line reader of
+``clm.records.fast_lines``, which hands every line it cannot vouch for to
+the strict ``read_line``: the same rules and the same ``RecordError`` as
+``load_records``), compacted here, and dropped.
 
 Layout of one file's ``CompactRecords`` (R records, Q questions, O options)::
 
@@ -63,6 +65,19 @@ class TextIds:
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    def sorted_with_rows(self) -> tuple[list[str], np.ndarray]:
+        """The texts sorted (the run's canonical text set and its table's row order) and each text id's row there.
+
+        The row of every text id comes from the sort itself, so a table built
+        from the sorted texts is never asked to look 3x10^6 texts up (which
+        would build its text -> row dict, a second index of every text).
+        """
+        texts = list(self.ids)
+        order = sorted(range(len(texts)), key=texts.__getitem__)
+        rows = np.empty(len(texts), dtype=np.int64)
+        rows[np.fromiter(order, dtype=np.int64, count=len(order))] = np.arange(len(texts), dtype=np.int64)
+        return [texts[i] for i in order], rows
 
 
 @dataclass(frozen=True, slots=True)
