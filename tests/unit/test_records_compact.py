@@ -131,6 +131,7 @@ STRICT_JSON_TRAPS = {
     "overflowing weight": '{"id":"r-1","state":"s",' + _Q + ',"weight":-1e400}',
     "huge integer weight": '{"id":"r-1","state":"s",' + _Q + ',"weight":' + "9" * 400 + "}",
     "huge integer in the state": '{"id":"r-1","state":{"n":' + "9" * 30 + "}," + _Q + "}",
+    "integer past the digit limit": '{"id":"r-1","state":{"n":' + "9" * 5000 + "}," + _Q + "}",
     "float state": '{"id":"r-1","state":{"x":1e22,"a":[0.5,-0.0]},' + _Q + "}",
     "lone surrogate id": '{"id":"r-\\ud800","state":"s",' + _Q + "}",
     "lone surrogate state": '{"id":"r-1","state":"\\udc00",' + _Q + "}",

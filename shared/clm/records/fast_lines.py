@@ -127,7 +127,7 @@ class FastLineReader:
     def __call__(self, raw: bytes, source: str, line_number: int) -> VouchedLine | Record | list | None:
         try:
             vouched = self._vouch(raw)
-        except (msgspec.MsgspecError, UnicodeDecodeError):
+        except ValueError:  # msgspec's errors, invalid UTF-8, ...: whatever it is, the strict reader says it
             vouched = None
         if vouched is not None:
             return vouched
