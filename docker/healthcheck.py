@@ -6,10 +6,11 @@ Kubernetes exec probes run this script instead:
 
     healthcheck.py http  PORT_ENV DEFAULT_PORT [PATH]   # GET http://127.0.0.1:$PORT_ENV/PATH -> 200
     healthcheck.py redis URL_ENV  DEFAULT_URL           # PING the Redis at $URL_ENV -> +PONG
+                                                        # (redis://, rediss:// or redis+sentinel://)
 
 ``http`` reads the port from the service's own settings variable (e.g.
 ``CLM_EMBEDDER_PORT``), so a changed port never leaves a stale check behind.
-``redis`` is the trainer worker's check: a worker has no HTTP server, and
+``redis`` is the trainer worker's check: a worker serves no API (only its /metrics), and
 without its job queue it can do nothing. Exit 0 = healthy, 1 = unhealthy.
 """
 
@@ -45,8 +46,15 @@ def _resp_command(*parts: str) -> bytes:
 def check_redis(url_env: str, default_url: str) -> str:
     url = os.environ.get(url_env) or default_url
     parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme == "redis+sentinel":
+        # The primary the sentinels name now, opened as the service opens it (clm.redis_connect, in
+        # every CLM image): a worker stays healthy across a failover once the replica is promoted.
+        from clm.redis_connect import redact, sync_client  # noqa: PLC0415
+
+        sync_client(url, socket_timeout=TIMEOUT_S, socket_connect_timeout=TIMEOUT_S).ping()
+        return redact(url)
     if parsed.scheme not in ("redis", "rediss"):
-        raise RuntimeError(f"{url_env}={url!r} is not a redis:// URL")
+        raise RuntimeError(f"{url_env}={url!r} is not a redis://, rediss:// or redis+sentinel:// URL")
     if parsed.scheme == "rediss":
         # TLS needs the redis client; it is installed in every CLM image.
         import redis  # noqa: PLC0415

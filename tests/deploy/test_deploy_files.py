@@ -38,6 +38,8 @@ from clm_embedder.settings import EmbedderSettings
 from clm_serve.settings import ServeSettings
 from clm_trainer.settings import TrainerSettings
 
+from support.sentinel import start_sentinel_setup
+
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "docker-compose.yml"
 DOCKERFILE = REPO / "docker" / "Dockerfile"
@@ -877,3 +879,23 @@ def test_healthcheck_script_redis(redis_url):
     down = _healthcheck("redis", "CLM_TEST_UNSET_URL", "redis://127.0.0.1:1/0")
     assert down.returncode == 1 and "unhealthy" in down.stderr
     assert _healthcheck("bogus", "x", "y").returncode == 2
+
+
+def test_healthcheck_script_redis_through_a_sentinel(tmp_path):
+    """A worker given a redis+sentinel:// URL is healthy while the primary the sentinel names answers
+    (a redis:// only check would fail every probe: k8s would restart healthy workers forever)."""
+    setup = start_sentinel_setup(tmp_path / "redis")
+    try:
+        ok = _healthcheck("redis", "CLM_TEST_REDIS_URL", "x", env={"CLM_TEST_REDIS_URL": setup.url(db=1)})
+        assert ok.returncode == 0 and "healthy: redis+sentinel://" in ok.stdout, ok.stderr
+        # A password goes to the primary (this one has none and lets it pass) and never into the output.
+        url = setup.url(db=1).replace("://", "://:s3cret@")
+        redacted = _healthcheck("redis", "CLM_TEST_REDIS_URL", "x", env={"CLM_TEST_REDIS_URL": url})
+        assert redacted.returncode == 0 and "***@" in redacted.stdout and "s3cret" not in redacted.stdout
+        setup.primary.kill()
+        down = _healthcheck("redis", "CLM_TEST_REDIS_URL", "x", env={"CLM_TEST_REDIS_URL": setup.url(db=1)})
+        assert down.returncode == 1 and "unhealthy" in down.stderr
+    finally:
+        setup.stop()
+    malformed = _healthcheck("redis", "CLM_TEST_REDIS_URL", "x", env={"CLM_TEST_REDIS_URL": "redis+sentinel://h1/p"})
+    assert malformed.returncode == 1 and "'h1' is not host:port" in malformed.stderr
