@@ -25,9 +25,10 @@ class EmbedderState:
     @classmethod
     def build(cls, settings: EmbedderSettings, metrics: EmbedderMetrics | None = None) -> "EmbedderState":
         metrics = metrics or EmbedderMetrics.create()
-        backend = InstrumentedBackend(settings.encoder_spec().build(), metrics)
+        spec = settings.encoder_spec()
+        backend = InstrumentedBackend(spec.build(), metrics)
         # A local model computes one batch at a time; vLLM takes several requests at once.
-        concurrency = settings.vllm_max_concurrency if settings.backend == "vllm" else 1
+        concurrency = spec.max_concurrency if spec.is_remote else 1
         encoder = CoalescingEncoder(backend, window_ms=settings.coalesce_window_ms, max_concurrency=concurrency)
         redis = None
         if settings.redis_url:

@@ -139,8 +139,8 @@ def fingerprint_for_model_dir(
 
 
 # ---------------------------------------------------------------------------------------------
-# ``pooling: auto``: the one rule (issue 12). The embedder (via ``clm.encoders.factory``), the
-# recipe and clm-serve all resolve ``auto`` here, because the resolved pooling is part of the
+# ``pooling: auto``: the one rule (issue 12). The embedder, the recipe and clm-serve all resolve
+# ``auto`` here (through ``clm.encoders.spec.EncoderSpec``), because the resolved pooling is part of the
 # fingerprint: two rules would give one model folder two fingerprints, and clm-serve would refuse
 # the heads the trainer made.
 
