@@ -28,10 +28,10 @@ import httpx
 import numpy as np
 import redis
 
-from clm_devtools.devstack import start_embedder
 from clm.encoders.tiny_qwen3 import TinyQwen3Spec, build_tiny_qwen3
-from clm_devtools.vllm_server import VLLMServer, VLLMServerConfig
+from clm_devtools.devstack import start_embedder
 from clm_devtools.procs import start_redis
+from clm_devtools.vllm_server import VLLMServer, VLLMServerConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 VOCAB = ("alert user login failed from country firewall blocked port severity critical host process "

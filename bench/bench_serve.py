@@ -35,12 +35,12 @@ import numpy as np
 import torch
 
 from clm.checkpoint import publish_checkpoint
-from clm_devtools.devstack import Service, start_embedder, start_serve
-from clm_devtools.procs import http_ok, wait_until
 from clm.encoders.base import EncoderFingerprint
 from clm.encoders.minilm import MINILM_MAX_TOKENS, MINILM_NAME, minilm_model_dir
 from clm.encoders.model_identity import fingerprint_for_model_dir
 from clm.heads import CLMHeadPair, HeadConfig
+from clm_devtools.devstack import Service, start_embedder, start_serve
+from clm_devtools.procs import http_ok, wait_until
 
 HEADS_NAME = "bench-triage"
 VOCAB = ("alert user login failed from country firewall blocked port severity critical host process "

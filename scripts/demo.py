@@ -28,9 +28,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from clm.report_tables import print_report_tables
 from clm_devtools.devstack import Service, start_embedder, start_serve, start_trainer_api, start_trainer_worker
 from clm_devtools.procs import ManagedProcess, start_redis
-from clm.report_tables import print_report_tables
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 HEADS_NAME = "soc-triage"

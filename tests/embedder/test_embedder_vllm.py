@@ -10,8 +10,8 @@ import httpx
 import numpy as np
 import pytest
 
-from clm_devtools.devstack import start_embedder
 from clm.encoders.local import LocalEncoder
+from clm_devtools.devstack import start_embedder
 
 pytestmark = pytest.mark.vllm
 

@@ -25,9 +25,9 @@ import torch
 
 from clm.cache.codec import _HEADER, FORMAT_VERSION, MAGIC, cache_key, encode_vector
 from clm.checkpoint import MANIFEST_FILE, PT_FILE, save_checkpoint
-from clm_devtools.devstack import start_embedder, start_serve, start_trainer_api
 from clm.durable import sha256_file
 from clm.encoders.model_identity import fingerprint_for_model_dir
+from clm_devtools.devstack import start_embedder, start_serve, start_trainer_api
 from clm_devtools.procs import start_redis, wait_http
 
 from support.serve import HEADS_NAME, MAX_TOKENS, TRIAGE_REQUEST, make_heads, publish
