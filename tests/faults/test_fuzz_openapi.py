@@ -26,11 +26,10 @@ from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
-from clm_devtools.devstack import start_embedder, start_serve, start_trainer_api
-from clm.encoders.model_identity import fingerprint_for_model_dir
-from clm_devtools.procs import start_redis, wait_http
+from clm_devtools.devstack import start_embedder, start_trainer_api
+from clm_devtools.procs import start_redis
 
-from support.serve import HEADS_NAME, MAX_TOKENS, publish
+from support.serve import start_serve_with_heads
 
 
 TRAINER_TOKEN = "fuzz-trainer-token-5b1e"
@@ -205,15 +204,10 @@ def test_fuzz_trainer_api_openapi(fault_report, tmp_path, private_redis):
 
 def test_fuzz_serve_openapi(fault_report, tmp_path, tiny_qwen3_dir):
     """Fuzzing: schemathesis against clm-serve's OpenAPI schema (real process, heads loaded): no 5xx, no traceback."""
-    fingerprint = fingerprint_for_model_dir(tiny_qwen3_dir, pooling="last", normalize=True, dtype="float32",
-                                            max_tokens=MAX_TOKENS, model_name=tiny_qwen3_dir.name)
-    publish(tmp_path / "checkpoints", 1, fingerprint)
-    service = start_serve(tmp_path / "logs", checkpoint_root=tmp_path / "checkpoints", heads_name=HEADS_NAME,
-                          extra_env={"CLM_SERVE_ENCODER_MODEL": str(tiny_qwen3_dir),
-                                     "CLM_SERVE_ENCODER_MAX_TOKENS": str(MAX_TOKENS),
-                                     "CLM_SERVE_ADMIN_TOKEN": ADMIN_TOKEN, "CLM_SERVE_MAX_STATE_CHARS": "4000"})
+    service, _ = start_serve_with_heads(tmp_path / "logs", tmp_path / "checkpoints", tiny_qwen3_dir,
+                                        extra_env={"CLM_SERVE_ADMIN_TOKEN": ADMIN_TOKEN,
+                                                   "CLM_SERVE_MAX_STATE_CHARS": "4000"})
     try:
-        wait_http(service.process, f"{service.url}/health", timeout=120)
         outcome = _fuzz(service.url, {"Authorization": f"Bearer {ADMIN_TOKEN}"}, EXAMPLES["serve"])
         structured = _fuzz_structured_decisions(service.url)
         outcome["statuses"].update(structured["statuses"])

@@ -19,11 +19,9 @@ import httpx
 import pytest
 import redis
 
-from clm_devtools.devstack import start_serve
-from clm.encoders.model_identity import fingerprint_for_model_dir
-from clm_devtools.procs import start_redis, wait_http
+from clm_devtools.procs import start_redis
 
-from support.serve import HEADS_NAME, MAX_TOKENS, publish
+from support.serve import start_serve_with_heads
 from support.trainer import TrainerStack, is_terminal, recipe_config, wait_job, write_data
 
 
@@ -67,14 +65,9 @@ def services(tmp_path_factory, tiny_qwen3_dir):
     serve = None
     try:
         trainer.start_api()
-        fingerprint = fingerprint_for_model_dir(tiny_qwen3_dir, pooling="last", normalize=True, dtype="float32",
-                                                max_tokens=MAX_TOKENS, model_name=tiny_qwen3_dir.name)
-        publish(root / "serve-checkpoints", 1, fingerprint)
-        serve = start_serve(root / "logs", checkpoint_root=root / "serve-checkpoints", heads_name=HEADS_NAME,
-                            extra_env={"CLM_SERVE_ENCODER_MODEL": str(tiny_qwen3_dir),
-                                       "CLM_SERVE_ENCODER_MAX_TOKENS": str(MAX_TOKENS),
-                                       "CLM_SERVE_ADMIN_TOKEN": ADMIN_TOKEN, "CLM_SERVE_LOG_LEVEL": "debug"})
-        wait_http(serve.process, f"{serve.url}/health", timeout=120)
+        serve, _ = start_serve_with_heads(root / "logs", root / "serve-checkpoints", tiny_qwen3_dir,
+                                          extra_env={"CLM_SERVE_ADMIN_TOKEN": ADMIN_TOKEN,
+                                                     "CLM_SERVE_LOG_LEVEL": "debug"})
         yield {"root": root, "redis_url": redis_url, "trainer": trainer, "serve": serve, "model": tiny_qwen3_dir}
     finally:
         if serve is not None:

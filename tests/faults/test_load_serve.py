@@ -18,11 +18,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from clm_devtools.devstack import start_serve
-from clm.encoders.model_identity import fingerprint_for_model_dir
-from clm_devtools.procs import wait_http
 
-from support.serve import HEADS_NAME, MAX_TOKENS, TRIAGE_REQUEST, publish
+from support.serve import TRIAGE_REQUEST, publish, start_serve_with_heads
 
 
 CLIENTS = 16
@@ -87,17 +84,11 @@ async def _load(url: str, root: Path, fingerprint) -> dict:
 
 def test_serve_under_load_while_versions_publish(fault_report, tmp_path, tiny_qwen3_dir):
     """Load: clm-serve, 16 concurrent clients for 60 s while three versions are published."""
-    fingerprint = fingerprint_for_model_dir(tiny_qwen3_dir, pooling="last", normalize=True, dtype="float32",
-                                            max_tokens=MAX_TOKENS, model_name=tiny_qwen3_dir.name)
     root = tmp_path / "checkpoints"
-    publish(root, 1, fingerprint)
-    service = start_serve(tmp_path / "logs", checkpoint_root=root, heads_name=HEADS_NAME,
-                          extra_env={"CLM_SERVE_ENCODER_MODEL": str(tiny_qwen3_dir),
-                                     "CLM_SERVE_ENCODER_MAX_TOKENS": str(MAX_TOKENS),
-                                     "CLM_SERVE_POLL_INTERVAL_S": "0.5", "CLM_SERVE_LOG_LEVEL": "warning",
-                                     "OMP_NUM_THREADS": "1"})
+    service, fingerprint = start_serve_with_heads(
+        tmp_path / "logs", root, tiny_qwen3_dir,
+        extra_env={"CLM_SERVE_POLL_INTERVAL_S": "0.5", "CLM_SERVE_LOG_LEVEL": "warning", "OMP_NUM_THREADS": "1"})
     try:
-        wait_http(service.process, f"{service.url}/health", timeout=120)
         outcome = asyncio.run(_load(service.url, root, fingerprint))
         alive = service.process.alive()
     finally:

@@ -12,7 +12,10 @@ import torch
 
 from clm.checkpoint import publish_checkpoint
 from clm.encoders.base import EncoderFingerprint
+from clm.encoders.model_identity import fingerprint_for_model_dir
 from clm.heads import CLMHeadPair, HeadConfig
+from clm_devtools.devstack import Service, start_serve
+from clm_devtools.procs import wait_http
 from clm_serve.app import create_app
 from clm_serve.settings import ServeSettings
 
@@ -41,6 +44,29 @@ def make_heads(seed: int, encoder_dim: int = 128, proj_dim: int = 64, logit_scal
 def publish(root: Path, seed: int, fingerprint: EncoderFingerprint, **kwargs):
     return publish_checkpoint(root, HEADS_NAME, make_heads(seed, **kwargs), fingerprint,
                               metrics={"seed": seed, "accuracy": 0.5 + seed / 100})
+
+
+def tiny_fingerprint(tiny_model_dir: Path) -> EncoderFingerprint:
+    """The fingerprint clm-serve computes for the tiny Qwen3 with the tests' settings (last, L2, fp32)."""
+    return fingerprint_for_model_dir(tiny_model_dir, pooling="last", normalize=True, dtype="float32",
+                                     max_tokens=MAX_TOKENS, model_name=tiny_model_dir.name)
+
+
+def start_serve_with_heads(log_dir: Path, checkpoint_root: Path, tiny_model_dir: Path,
+                           extra_env: dict[str, str] | None = None) -> tuple[Service, EncoderFingerprint]:
+    """A real clm-serve process encoding with the tiny Qwen3 in process, serving heads v0001 published
+    for that encoder: returned once they are loaded (``/health`` 200), with their fingerprint."""
+    fingerprint = tiny_fingerprint(tiny_model_dir)
+    publish(checkpoint_root, 1, fingerprint)
+    service = start_serve(log_dir, checkpoint_root=checkpoint_root, heads_name=HEADS_NAME,
+                          extra_env={"CLM_SERVE_ENCODER_MODEL": str(tiny_model_dir),
+                                     "CLM_SERVE_ENCODER_MAX_TOKENS": str(MAX_TOKENS), **(extra_env or {})})
+    try:
+        wait_http(service.process, f"{service.url}/health", timeout=120)
+    except BaseException:
+        service.stop()
+        raise
+    return service, fingerprint
 
 
 def serve_settings(tmp_path: Path, tiny_model_dir: Path, **overrides) -> ServeSettings:
