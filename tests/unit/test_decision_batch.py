@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
 import pytest
 import torch
 
 from clm.decision import (
-    IGNORE_INDEX,
     SCORE_TYPE,
     DecisionBatchError,
     DecisionTargetProtocol,
@@ -19,17 +17,8 @@ from clm.decision import (
     assemble_decision_batch,
 )
 from clm.decision.batch import _validated_rows
+from support.decision import Question
 
-
-@dataclass(frozen=True)
-class Question:
-    """Minimal stand-in for clm.records' question supervision (structural protocol)."""
-
-    question_id: str
-    option_ids: tuple[str, ...]
-    label: int = IGNORE_INDEX
-    question_type: int | str = 1
-    rewards: tuple[float, ...] | None = None
 
 
 RECORDS = {

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
 
 import pytest
 import torch
@@ -22,17 +21,10 @@ from clm.decision import (
     DecisionTargets,
     masked_log_softmax,
 )
+from support.decision import Question
 
 SETTINGS = settings(max_examples=25, deadline=None)
 
-
-@dataclass(frozen=True)
-class Question:
-    question_id: str
-    option_ids: tuple[str, ...]
-    label: int = IGNORE_INDEX
-    question_type: int = 1
-    rewards: tuple[float, ...] | None = None
 
 
 def sft_loss(label_smoothing: float = 0.0, brier_weight: float = 0.0, ordinal_weight: float = 0.0, **kwargs) -> DecisionLoss:

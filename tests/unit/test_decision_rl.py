@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import pytest
 import torch
@@ -18,17 +17,10 @@ from clm.decision import (
     DecisionTargets,
     QuestionLogits,
 )
+from support.decision import Question
 
 SETTINGS = settings(max_examples=25, deadline=None)
 
-
-@dataclass(frozen=True)
-class Question:
-    question_id: str
-    option_ids: tuple[str, ...]
-    label: int = IGNORE_INDEX
-    question_type: int = 1
-    rewards: tuple[float, ...] | None = None
 
 
 def rl_loss(**fields) -> DecisionLoss:
