@@ -25,16 +25,28 @@ def queue(settings) -> JobQueue:
     return JobQueue.connect(settings)
 
 
-def submit(settings: TrainerSettings, *, key: str | None = None, digest: str = "d1") -> str:
+def with_store(settings: TrainerSettings, use):
+    """``await use(store)`` on a fresh ``JobStore`` (the API's side of the queue), closed afterwards."""
     async def go():
         store = JobStore.connect(settings)
         try:
-            submitted = await store.submit(new_job_id(), {"mode": "train"}, "n", idempotency_key=key, digest=digest)
-            return submitted.job.id
+            return await use(store)
         finally:
             await store.close()
 
     return asyncio.run(go())
+
+
+def submit(settings: TrainerSettings, *, key: str | None = None, digest: str = "d1") -> str:
+    async def submit_one(store: JobStore) -> str:
+        submitted = await store.submit(new_job_id(), {"mode": "train"}, "n", idempotency_key=key, digest=digest)
+        return submitted.job.id
+
+    return with_store(settings, submit_one)
+
+
+def cancel(settings: TrainerSettings, job_id: str) -> str:
+    return with_store(settings, lambda store: store.cancel(job_id))
 
 
 def job(queue: JobQueue, job_id: str) -> dict:
@@ -89,31 +101,16 @@ def test_heartbeat_keeps_the_lease_and_reports_cancel(settings, queue):
         assert queue.heartbeat(claim) == 1
         assert queue.reap() == []
 
-    async def cancel():
-        store = JobStore.connect(settings)
-        try:
-            return await store.cancel(job_id)
-        finally:
-            await store.close()
-
-    assert asyncio.run(cancel()) == "requested"
+    assert cancel(settings, job_id) == "requested"
     assert queue.heartbeat(claim) == 2
     assert queue.finish(claim, "cancelled")
-    assert asyncio.run(cancel()) == "already:cancelled"  # terminal: reported, not changed
+    assert cancel(settings, job_id) == "already:cancelled"  # terminal: reported, not changed
     assert job(queue, job_id)["status"] == "cancelled"
 
 
 def test_cancel_of_queued_job_removes_it_from_the_queue(settings, queue):
     job_id = submit(settings)
-
-    async def cancel():
-        store = JobStore.connect(settings)
-        try:
-            return await store.cancel(job_id)
-        finally:
-            await store.close()
-
-    assert asyncio.run(cancel()) == "dequeued"
+    assert cancel(settings, job_id) == "dequeued"
     assert queue.claim("w1") is None
     assert queue.client.llen(queue.keys.queue) == 0
 
