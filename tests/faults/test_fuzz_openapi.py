@@ -157,7 +157,11 @@ def _record(fault_report, outcome: dict) -> None:
     fault_report.check("seconds", round(outcome["seconds"], 1))
 
 
-def _assert_clean(outcome: dict, log_tail: str) -> None:
+def _report_and_check(fault_report, service, outcome: dict) -> None:
+    """Record the run's figures, then: the process survived, no 5xx or traceback, enough requests were sent."""
+    _record(fault_report, outcome)
+    log_tail = service.process.log_tail(6000)
+    assert service.process.alive(), log_tail
     assert outcome["failures"] == [], ("\n".join(outcome["failures"][:5]) + f"\n({len(outcome['failures'])} in all)"
                                        f"\n--- service log\n{log_tail}")
     assert outcome["requests"] >= 2000, outcome
@@ -177,9 +181,7 @@ def test_fuzz_embedder_openapi(fault_report, tmp_path, tiny_qwen3_dir):
                                         "CLM_EMBEDDER_MAX_CHARS_PER_INPUT": "2000"})
     try:
         outcome = _fuzz(service.url, {}, EXAMPLES["embedder"])
-        _record(fault_report, outcome)
-        assert service.process.alive(), service.process.log_tail()
-        _assert_clean(outcome, service.process.log_tail(6000))
+        _report_and_check(fault_report, service, outcome)
     finally:
         service.stop()
 
@@ -195,9 +197,7 @@ def test_fuzz_trainer_api_openapi(fault_report, tmp_path, private_redis):
                                            "CLM_TRAINER_REDIS_PREFIX": "fuzz"})
     try:
         outcome = _fuzz(service.url, {"Authorization": f"Bearer {TRAINER_TOKEN}"}, EXAMPLES["trainer"])
-        _record(fault_report, outcome)
-        assert service.process.alive(), service.process.log_tail()
-        _assert_clean(outcome, service.process.log_tail(6000))
+        _report_and_check(fault_report, service, outcome)
     finally:
         service.stop()
 
@@ -215,8 +215,6 @@ def test_fuzz_serve_openapi(fault_report, tmp_path, tiny_qwen3_dir):
         outcome["requests"] += structured["requests"]
         outcome["seconds"] += structured["seconds"]
         fault_report.check("schema-shaped decisions (of the requests)", structured["requests"])
-        _record(fault_report, outcome)
-        assert service.process.alive(), service.process.log_tail()
-        _assert_clean(outcome, service.process.log_tail(6000))
+        _report_and_check(fault_report, service, outcome)
     finally:
         service.stop()
