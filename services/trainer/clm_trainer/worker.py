@@ -32,7 +32,7 @@ from typing import Any
 import redis
 
 from clm.errors import KindedError, job_code
-from clm.recipes.train_clm_heads import DISK_FULL_ERRNOS
+from clm.recipes.errors import DISK_FULL_ERRNOS
 
 from .job_config import prepare_config
 from .queue import Claim, JobQueue

@@ -57,12 +57,7 @@ from clm.recipes.batches import EncodedRecord, EncodedSplit, forward_identified
 from clm.recipes.config import ConfigError, RecipeConfig, load_config
 from clm.recipes.overrides import OverrideError, split_config_argument
 from clm.recipes.distributed import RankInfo, all_gather, close_distributed, init_distributed, wait_for_peers
-from clm.recipes.errors import (  # noqa: F401  (re-exported: the trainer worker imports them from here)
-    DISK_FULL_ERRNOS,
-    PublishError,
-    RankFailedError,
-    publish_heads,
-)
+from clm.recipes.errors import publish_heads
 from clm.recipes.evaluation import (ScoredQuestion, as_encoded_records, metrics_by_split, reference_logprobs,
                                     score_records, summarize)
 from clm.recipes.loop import EpochReport, LoopOutcome, run_epochs
