@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -124,10 +125,15 @@ def run_size(data: Path, workdir: Path, dim: int, steps: int, seed: int) -> dict
     @contextmanager
     def phase(name: str):
         sampler.reset()
-        started = time.perf_counter()
+        started, usage = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
         entry: dict = {}
         yield entry
         entry["seconds"] = round(time.perf_counter() - started, 3)
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        # CPU seconds (all threads) and major page faults tell a busy machine (wall >> CPU, no faults)
+        # from a table that no longer fits the page cache (major faults: rows read back from disk).
+        entry["cpu_seconds"] = round(after.ru_utime + after.ru_stime - usage.ru_utime - usage.ru_stime, 3)
+        entry["major_faults"] = after.ru_majflt - usage.ru_majflt
         entry["peak_rss_anon_gb"] = round(sampler.read() / 2**30, 3)
         phases[name] = entry
         log(f"{data.name}: {name}: {entry}")
