@@ -88,7 +88,7 @@ def test_two_ranks_build_the_single_process_table_bit_for_bit_each_encoding_its_
          "texts_embedded": plan.rows_of(rank)} for rank in (0, 1)]
     assert report["embedding"]["texts_embedded"] == single.texts_total
     for rank in (0, 1):
-        assert (f"[rank {rank}] INFO clm.recipes.train_clm_heads: rank {rank} of 2 encoded its shard: "
+        assert (f"[rank {rank}] INFO clm.recipes.embed_phase: rank {rank} of 2 encoded its shard: "
                 f"{len(plan.chunks_of(rank))} chunks, {plan.rows_of(rank)} texts ({plan.rows_of(rank)} asked of "
                 f"the encoder) of {single.texts_total}") in run.stderr
     # rank 0 alone trained, reported and published; rank 1 said so and left

@@ -1,11 +1,12 @@
-"""One rank's work in the recipe's embed phase, kept apart from the recipe's control flow.
+"""The recipe's embed phase, collective under torchrun, kept apart from the recipe's state.
 
-``TrainCLMHeadsRecipe._embed_all`` decides whether a cached table answers;
-this module does the rest: which chunks are this rank's, encoding them with
-the configured encoder (into the table directly when a process is alone,
-else into one array for its shard file), relaying any rank's failure to
-every rank, and assembling the shards into the table on rank 0. See :mod:`clm.recipes.shards` for why a
-chunk is the unit.
+``TrainCLMHeadsRecipe._embed_all`` keeps the run's state and progress; this
+module does the collective work: looking up a cached table, choosing which
+chunks are this rank's, encoding them with the configured encoder (into the
+table directly when a process is alone, else into one array for its shard
+file), relaying any rank's failure to every rank, and assembling the shards
+into the table on rank 0. See :mod:`clm.recipes.shards` for why a chunk is
+the unit.
 """
 
 from __future__ import annotations
@@ -69,6 +70,27 @@ async def encode_rank_chunks(cfg: RecipeConfig, contract: EmbeddingContract, dev
             return await embedding.encode_chunks(chunks, backend.dim, encode, report)
     finally:
         await backend.aclose()
+
+
+def find_cached_table(info: RankInfo, path: Path, fingerprint: str, texts: list[str]) -> EmbeddingTable | None:
+    """The cached table holding every text, on every rank, or None (collective under torchrun).
+
+    One rank looks (and quarantines a damaged table); the others are told, and
+    a cache failure there is raised on every rank.
+    """
+    found, failure = None, None
+    if info.is_main:
+        try:
+            table = embedding.find_cached_table(path, fingerprint, texts)
+            found = None if table is None else str(table.path)
+        except Exception as error:  # noqa: BLE001  (relayed to every rank just below)
+            failure = as_cache_failure(error, path)
+    raise_cache_failure(info, failure, "looking up the embedding table")
+    found = all_gather(found)[0]
+    if found is None:
+        return None
+    logger.info("%s: embedding table %s holds all %d texts; nothing to encode", info, found, len(texts))
+    return open_table(Path(found), fingerprint, path)
 
 
 def build_sharded_table(cfg: RecipeConfig, contract: EmbeddingContract, info: RankInfo, texts: list[str],

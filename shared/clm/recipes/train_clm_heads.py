@@ -56,7 +56,7 @@ from clm.recipes import embed_phase, embedding
 from clm.recipes.batches import EncodedRecord, EncodedSplit, forward_identified
 from clm.recipes.config import ConfigError, RecipeConfig, load_config
 from clm.recipes.overrides import OverrideError, split_config_argument
-from clm.recipes.distributed import RankInfo, all_gather, close_distributed, init_distributed, wait_for_peers
+from clm.recipes.distributed import RankInfo, close_distributed, init_distributed, wait_for_peers
 from clm.recipes.errors import publish_heads
 from clm.recipes.evaluation import (ScoredQuestion, as_encoded_records, metrics_by_split, reference_logprobs,
                                     score_records, summarize)
@@ -195,21 +195,11 @@ class TrainCLMHeadsRecipe:
         self._table_key = path.name
         self.texts_total = len(texts)
         fingerprint = self.contract.fingerprint.digest  # type: ignore[union-attr]  (set by _cache_path)
-        found, failure = None, None
-        if self.rank.is_main:  # one rank looks (and quarantines a damaged table); the others are told
-            try:
-                table = embedding.find_cached_table(path, fingerprint, texts)
-                found = None if table is None else str(table.path)
-            except Exception as error:  # noqa: BLE001  (relayed to every rank just below)
-                failure = embed_phase.as_cache_failure(error, path)
-        self._raise_cache_failure(failure, "looking up the embedding table")
-        found = all_gather(found)[0]
-        if found is not None:
+        table = embed_phase.find_cached_table(self.rank, path, fingerprint, texts)
+        if table is not None:
             self.texts_embedded = 0
             self.embedding_ranks = [{"rank": r, "chunks": [], "texts": 0, "texts_embedded": 0}
                                     for r in range(self.rank.world_size)]
-            table = embed_phase.open_table(Path(found), fingerprint, path)
-            logger.info("%s: embedding table %s holds all %d texts; nothing to encode", self.rank, found, len(texts))
         else:
             table = self._build_table(texts, path)
         self.timings["embedding"] = timing = embed_phase.embedding_timing(len(texts), self.texts_embedded, started)
