@@ -79,14 +79,18 @@ def test_a_text_vllm_refuses_fails_only_its_own_request(vllm_server, tiny_qwen3_
     from clm.cache import DiskTier, EmbeddingCache
     from clm.encoders.base import EncoderInputError
     from clm.encoders.coalescing import CoalescingEncoder
+    from clm.encoders.spec import EncoderSpec
     from clm.encoders.vllm_client import VLLMEncoder
 
     callers = [[f"caller {i} alert {j}: login failed from country {i + j}" for j in range(3)] for i in range(5)]
     callers[2] = ["known text", callers[2][0], "word " * 5000]  # refused: longer than the 512-token context
 
     async def run():
-        remote = VLLMEncoder.for_model_dir(vllm_server.base_url, tiny_qwen3_dir, pooling="last", max_tokens=512,
-                                           openai_strict=True, retry_attempts=1)
+        fingerprint, dim = EncoderSpec(backend="vllm", model=str(tiny_qwen3_dir), pooling="last", max_tokens=512,
+                                       url=vllm_server.base_url).identity()
+        # openai_strict: vLLM refuses the over-long text instead of truncating it (the failure under test)
+        remote = VLLMEncoder(vllm_server.base_url, fingerprint=fingerprint, dim=dim, openai_strict=True,
+                             retry_attempts=1)
         encoder = CoalescingEncoder(remote, window_ms=50)
         cache = EmbeddingCache(redis=None, disk=DiskTier(tmp_path / "cache"), store_dtype="float32")
         try:

@@ -14,6 +14,7 @@ import pytest
 
 from clm.encoders.base import EncoderError, EncoderInputError
 from clm.encoders.local import LocalEncoder
+from clm.encoders.spec import EncoderSpec
 from clm.encoders.vllm_client import VLLMEncoder
 from clm_devtools.vllm_server import VLLMServer
 
@@ -36,7 +37,11 @@ def local_encoder(tiny_qwen3_dir) -> LocalEncoder:
 
 
 def client(server: VLLMServer, model_dir: Path, **options) -> VLLMEncoder:
-    return VLLMEncoder.for_model_dir(server.base_url, model_dir, pooling="last", max_tokens=MAX_TOKENS, **options)
+    """A client named as the embedder's ``vllm`` backend names it (``clm.encoders.spec``), with the client
+    options a test varies."""
+    fingerprint, dim = EncoderSpec(backend="vllm", model=str(model_dir), pooling="last", max_tokens=MAX_TOKENS,
+                                   url=server.base_url).identity()
+    return VLLMEncoder(server.base_url, fingerprint=fingerprint, dim=dim, **options)
 
 
 async def encode_with(encoder: VLLMEncoder, *batches: list[str]):

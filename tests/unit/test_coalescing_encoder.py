@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from clm.encoders.base import EncoderError
 from clm.encoders.coalescing import CoalescingEncoder, split_tokens
 from clm.encoders.local import LocalEncoder
-from clm.encoders.vllm_client import VLLMEncoder
+from clm.encoders.spec import EncoderSpec
 from clm_devtools.procs import free_port
 
 
@@ -58,8 +58,8 @@ def test_concurrent_small_calls_become_few_batches_with_the_same_vectors(local):
 
 
 def test_a_failed_batch_fails_every_caller_in_it(tiny_qwen3_dir):
-    dead = VLLMEncoder.for_model_dir(f"http://127.0.0.1:{free_port()}", tiny_qwen3_dir, pooling="last",
-                                     retry_attempts=1, timeout_s=2)
+    dead = EncoderSpec(backend="vllm", model=str(tiny_qwen3_dir), pooling="last", url=f"http://127.0.0.1:{free_port()}",
+                       retries=0, timeout_s=2).build()
 
     async def run():
         encoder = CoalescingEncoder(dead, window_ms=5)

@@ -18,7 +18,6 @@ from clm.encoders.model_identity import model_content_hash
 from clm.encoders.pooling import last_token_positions
 from clm.encoders.spec import EncoderSpec
 from clm.encoders.tiny_qwen3 import build_tiny_qwen3
-from clm.encoders.vllm_client import VLLMEncoder
 from clm.texts import TEMPLATE_VERSION
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -134,7 +133,8 @@ def test_fingerprint_names_content_and_equals_the_vllm_clients(qwen, qwen_dir):
     assert fingerprint.weights == model_content_hash(qwen_dir)
     assert (fingerprint.pooling, fingerprint.normalize, fingerprint.dtype) == ("last", True, "float32")
     assert (fingerprint.max_tokens, fingerprint.template_version) == (512, TEMPLATE_VERSION)
-    client = VLLMEncoder.for_model_dir("http://127.0.0.1:9", qwen_dir, pooling="last", max_tokens=512)
+    client = EncoderSpec(backend="vllm", model=str(qwen_dir), pooling="last", max_tokens=512,
+                         url="http://127.0.0.1:9").build()
     assert client.fingerprint == fingerprint and client.dim == qwen.dim
     asyncio.run(client.aclose())
     other_template = LocalEncoder(qwen_dir, pooling="last", device="cpu", template_version="other-v9")

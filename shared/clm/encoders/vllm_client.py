@@ -13,8 +13,9 @@ What it adds over a bare POST:
   embedder turns into 503; a 4xx is the input's fault and is reported as
   :class:`EncoderInputError` naming the offending input.
 
-The fingerprint is derived from the model folder exactly as the local backend
-derives it, so vectors from either backend share cache keys.
+The client is given its fingerprint: ``clm.encoders.spec`` derives it from the
+model folder exactly as for the local backend (so vectors from either backend
+share cache keys), or asks the embedder service for it.
 
 Every answer is checked against that fingerprint: a response naming another
 encoder digest (``X-CLM-Encoder``, sent by the embedder service on every
@@ -28,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -42,10 +42,8 @@ from clm.encoders.base import (
     EncoderError,
     EncoderFingerprint,
     EncoderInputError,
-    Pooling,
 )
 from clm.encoders.batching import batch_by_budget
-from clm.encoders.model_identity import fingerprint_for_model_dir, model_hidden_size
 
 
 class _Refused(Exception):
@@ -121,27 +119,6 @@ class VLLMEncoder:
             timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 5.0)),
             limits=httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency),
         )
-
-    @classmethod
-    def for_model_dir(
-        cls,
-        base_url: str,
-        model_dir: Path | str,
-        *,
-        pooling: Pooling,
-        normalize: bool = True,
-        dtype: str = "float32",
-        max_tokens: int = 512,
-        template_version: str | None = None,
-        model_name: str | None = None,
-        **options: Any,
-    ) -> "VLLMEncoder":
-        """A client for a server that serves ``model_dir``; fingerprint and width come from that folder."""
-        fingerprint = fingerprint_for_model_dir(
-            model_dir, pooling=pooling, normalize=normalize, dtype=dtype, max_tokens=max_tokens,
-            template_version=template_version, model_name=model_name,
-        )
-        return cls(base_url, fingerprint=fingerprint, dim=model_hidden_size(model_dir), **options)
 
     # ---- EncoderBackend -------------------------------------------------------------------
 
