@@ -22,9 +22,9 @@ runs, so a symlink swapped in after submit is still caught):
   (none: no client-chosen network endpoints), ``output.report_dir``
   (``<work_root>/<job id>/report``) and ``encoder.embedder_url``
   (``CLM_TRAINER_EMBEDDER_URL``).
-* **Secrets never travel in a job**: a non-null ``encoder.api_token`` is
-  refused (workers take the embedder token from their own environment), so
-  job objects and events can be shown to anyone allowed to read them.
+* **Secrets never travel in a job**: the recipe config has no secret field
+  (an unknown key such as ``encoder.api_token`` is refused by name), so job
+  objects and events can be shown to anyone allowed to read them.
 """
 
 from __future__ import annotations
@@ -140,10 +140,6 @@ def prepare_config(raw: Any, settings: TrainerSettings, job_id: str) -> dict[str
     root_given = isinstance(output_section, dict) and output_section.get("checkpoint_root") is not None
     cfg = _validate(raw)
 
-    if cfg.encoder.api_token is not None:
-        raise JobConfigError("encoder.api_token: secrets are not accepted in job configs (they would be stored in "
-                             "the job object); set CLM_EMBEDDER_API_TOKEN in the workers' environment",
-                             key="encoder.api_token", status=400)
     effective = cfg.to_json_dict()
     data_root, checkpoint_root = settings.data_root, settings.checkpoint_root
     for split in ("train", "validation", "test"):

@@ -94,7 +94,6 @@ class EncoderConfig(_Section):
     model: str = Field(DEFAULT_ENCODER_MODEL, min_length=1,
                        description="model folder or alias ('minilm' = the bundled all-MiniLM-L6-v2); "
                                    "default: the production Qwen3-8B embedding model, by name")
-    revision: str | None = None
     pooling: Literal["auto", "last", "mean", "cls"] = Field(
         "last", description="'auto': last-token for causal decoders, mean otherwise (one rule: "
                             "clm.encoders.model_identity.auto_pooling, as the embedder and clm-serve)")
@@ -108,7 +107,6 @@ class EncoderConfig(_Section):
                                "counted as progress and assigned to a rank (round robin) under torchrun; "
                                "the table of a text set is bit-identical for any number of ranks")
     embedder_url: str | None = None
-    api_token: str | None = Field(None, description="bearer token for the embedder; default env CLM_EMBEDDER_API_TOKEN")
     batch_size: int = Field(64, gt=0, description="texts per encoder request")
     concurrency: int = Field(4, gt=0, description="encoder requests in flight at once (embedder backend)")
     timeout_s: float = Field(120.0, gt=0)
