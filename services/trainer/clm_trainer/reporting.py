@@ -50,6 +50,7 @@ class ProgressReporter:
         self._clock = PhaseClock(metrics) if metrics is not None else None
         self._embedded = 0  # texts_embedded already counted into the metrics
         self._retry = None  # the last embedder retry number counted
+        self._dropped = 0  # progress writes lost to the current Redis outage
 
     def __call__(self, item: dict[str, Any]) -> None:
         kind = item.get("type")
@@ -107,7 +108,14 @@ class ProgressReporter:
         try:
             owned = self.queue.progress(self.claim, self.phase, finite(self.counters), finite(event))
         except redis.RedisError as error:
-            logger.warning("job %s: progress not recorded (Redis: %s); training continues", self.claim.job_id, error)
+            # One line per outage, not per write: a Sentinel failover drops ~100 writes in 2 s of fast epochs.
+            if self._dropped == 0:
+                logger.warning("job %s: progress not recorded (Redis: %s); training continues, further drops "
+                               "are counted until Redis answers again", self.claim.job_id, error)
+            self._dropped += 1
             return
+        if self._dropped:
+            logger.info("job %s: progress recorded again after %d dropped writes", self.claim.job_id, self._dropped)
+            self._dropped = 0
         if not owned:
             self.on_lost()
