@@ -34,7 +34,7 @@ bench-trainer:
 bench-serve:
 	$(PY) bench/bench_serve.py
 
-bench-scale:  ## the data path at 10^4..10^6 records (load, texts, table, training, eval, RssAnon); ~20 min
+bench-scale:  ## the data path at 10^4..10^6 records (load, texts, table, training, eval, RssAnon); ~3-6 min
 	$(PY) bench/bench_scale.py
 
 clean:
