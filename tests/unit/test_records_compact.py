@@ -94,6 +94,26 @@ def test_the_fast_reader_vouches_for_compact_lines_and_keeps_the_strict_readers_
     assert fast == strict and strict_lines == 300  # json.dumps' default spelling: valid, read by the strict reader
 
 
+def test_full_fast_caches_stop_growing_and_the_arrays_stay_the_strict_readers(generated, monkeypatch):
+    """Data whose parts never repeat must not grow the fast reader's caches with the file (a bounded memory)."""
+    from clm.records import fast_lines
+
+    readers: list = []
+    real_init = fast_lines.FastLineReader.__init__
+
+    def recording_init(self) -> None:
+        real_init(self)
+        readers.append(self)
+
+    monkeypatch.setattr(fast_lines, "CACHE_ENTRIES", 3)
+    monkeypatch.setattr(fast_lines.FastLineReader, "__init__", recording_init)
+    fast, strict, strict_lines = fast_and_strict(generated)
+    assert fast[0] == "ok" and fast == strict and strict_lines == 0
+    reader = readers[0]
+    caches = (reader._blocks, reader._labels, reader._rewards, reader._instructions, reader._weights)
+    assert max(len(cache) for cache in caches) == 3  # full (the file has more distinct parts), and no larger
+
+
 def test_texts_shared_by_two_files_get_one_id(generated):
     texts = TextIds()
     first, second = load_compact(generated, texts), load_compact(generated, texts)

@@ -106,13 +106,23 @@ class VouchedLine(NamedTuple):
 
 
 _NO_SUPERVISION = b""  # cache key of an absent answers or rewards member
+CACHE_ENTRIES = 65_536  # per cache: a data set asks a few question families; beyond this, parts are not repeats
+
+
+def _remember(cache: dict, key: Any, value: Any) -> Any:
+    """``value``, kept in ``cache`` while it has room (a full cache stops growing; its entries stay valid)."""
+    if len(cache) < CACHE_ENTRIES:
+        cache[key] = value
+    return value
 
 
 class FastLineReader:
     """A line reader for ``read_records_file``: a ``VouchedLine`` when it can vouch, else ``read_line``'s answer.
 
     One reader per file load; its caches hold one entry per distinct spelling
-    of a repeated part. ``strict_lines`` counts the lines handed to the strict
+    of a repeated part, at most ``CACHE_ENTRIES`` each, so data whose parts
+    never repeat (options chosen per record) costs validation time, not RAM
+    that grows with the file. ``strict_lines`` counts the lines handed to the strict
     reader (blank lines included), so a caller can see which path a file took.
     """
 
@@ -155,19 +165,20 @@ class FastLineReader:
         block_key = bytes(members["questions"])
         block = self._blocks.get(block_key)
         if block is None:
-            block = self._blocks[block_key] = self._validate_block(block_key)
+            block = _remember(self._blocks, block_key, self._validate_block(block_key))
         if block is _REFUSED:
             return None
         answers = members.get("answers")
         labels_key = (block_key, _NO_SUPERVISION if answers is None else bytes(answers))
         labels = self._labels.get(labels_key)
         if labels is None:
-            labels = self._labels[labels_key] = self._validate_supervision(block, "answers", labels_key[1])
+            labels = _remember(self._labels, labels_key, self._validate_supervision(block, "answers", labels_key[1]))
         rewards = members.get("rewards")
         rewards_key = (block_key, _NO_SUPERVISION if rewards is None else bytes(rewards))
         reward_rows = self._rewards.get(rewards_key)
         if reward_rows is None:
-            reward_rows = self._rewards[rewards_key] = self._validate_supervision(block, "rewards", rewards_key[1])
+            reward_rows = _remember(self._rewards, rewards_key,
+                                    self._validate_supervision(block, "rewards", rewards_key[1]))
         if labels is _REFUSED or reward_rows is _REFUSED:
             return None
         instructions = None if "instructions" not in members else self._cached_scalar(
@@ -220,7 +231,7 @@ class FastLineReader:
         key = bytes(raw)
         found = cache.get(key, _REFUSED)
         if found is _REFUSED and key not in cache:
-            found = cache[key] = self._validate_scalar(key, member)
+            found = _remember(cache, key, self._validate_scalar(key, member))
         return found
 
     def _validate_scalar(self, raw: bytes, member: str) -> Any:
