@@ -7,6 +7,7 @@ import contextlib
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+import clm
 from clm.encoders.base import ENCODER_DIGEST_HEADER
 
 from clm_http.errors import install_error_handlers
@@ -54,7 +55,7 @@ def create_app(settings: EmbedderSettings | None = None) -> FastAPI:
         finally:
             await app.state.embedder.aclose()
 
-    app = FastAPI(title="clm-embedder", version="0.1.0", lifespan=lifespan,
+    app = FastAPI(title="clm-embedder", version=clm.__version__, lifespan=lifespan,
                   description="OpenAI/vLLM-compatible /v1/embeddings over a Redis + disk cache.")
     install_error_handlers(app, validation_status=422, retry_after_s=settings.retry_after_s)
     app.include_router(router)

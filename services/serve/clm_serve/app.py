@@ -6,6 +6,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+import clm
 from clm.encoders.base import EncoderBackend
 from clm_http.errors import install_error_handlers
 from clm_http.limits import BodySizeLimitMiddleware
@@ -36,7 +37,7 @@ def create_app(settings: ServeSettings | None = None, *, encoder: EncoderBackend
     app = FastAPI(
         title="clm-serve",
         description="vLLM's structured decisions API (/v1/systemone) answered by CLM heads, with hot reload.",
-        version="0.1.0",
+        version=clm.__version__,
         lifespan=lifespan,
     )
     app.state.runtime = runtime

@@ -10,6 +10,7 @@ import redis.exceptions
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+import clm
 from clm_http.errors import APIError, error_response, install_error_handlers
 from clm_http.limits import BodySizeLimitMiddleware
 from clm_http.metrics import RequestMetricsMiddleware
@@ -34,7 +35,7 @@ def create_app(settings: TrainerSettings | None = None) -> FastAPI:
         finally:
             await app.state.store.close()
 
-    app = FastAPI(title="clm-trainer", version="1", lifespan=lifespan,
+    app = FastAPI(title="clm-trainer", version=clm.__version__, lifespan=lifespan,
                   description="Jobs API: post-train CLM heads on SystemOne records with Redis-backed workers.")
     app.state.settings = settings
     app.state.metrics = TrainerMetrics.create()
