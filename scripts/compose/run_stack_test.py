@@ -200,7 +200,7 @@ class StackTest:
         started = time.monotonic()
         sft = self.run_job("sft", self.job_config("sft", init))
         self.figures["job_seconds"] = round(time.monotonic() - started, 1)
-        self.figures["texts_embedded_first"] = sft["result"]["texts_embedded"]
+        self.figures["texts_embedded_sft"] = sft["result"]["texts_embedded"]
         self.check_report(sft)
         version = version_number(sft["result"]["checkpoint"]["version"])
         self.figures["heads_version_served"] = self.wait_served(version)
