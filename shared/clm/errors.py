@@ -33,7 +33,6 @@ UNAVAILABLE: ErrorKind = "unavailable"
 SATURATED: ErrorKind = "saturated"
 
 
-
 @dataclass(frozen=True)
 class KindOutcome:
     """What one kind of failure becomes at each edge of the system."""
