@@ -26,7 +26,6 @@ from pathlib import Path
 import httpx
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from clm.report_tables import print_report_tables
 from clm_devtools.devstack import Service, start_embedder, start_serve, start_trainer_api, start_trainer_worker

@@ -79,7 +79,7 @@ class EmbeddingTable:
         3x10^6 texts this ~200 MB dict is built only by callers that need it.
         """
         if self._row_by_text_built is None:
-            self._row_by_text_built = {text: row for row, text in enumerate(self._texts)}
+            self._row_by_text_built = _rows_by_text(self._texts)
         return self._row_by_text_built
 
     # -- building ------------------------------------------------------------------------------
@@ -252,8 +252,8 @@ class EmbeddingTableWriter:
         self._written[rows] = True
 
     def _row_of(self, text: str) -> int:
-        if self._row_by_text_built is None:
-            self._row_by_text_built = {text: row for row, text in enumerate(self._texts)}
+        if self._row_by_text_built is None:  # sorted texts skipped the dict at construction
+            self._row_by_text_built = _rows_by_text(self._texts)
         try:
             return self._row_by_text_built[text]
         except KeyError:
@@ -319,6 +319,11 @@ class EmbeddingTableWriter:
             self.abort()
         elif not self._closed:
             self.finalize()
+
+
+def _rows_by_text(texts: Sequence[str]) -> dict[str, int]:
+    """text -> row of distinct ``texts``: built only when something looks a text up (~70 B a text)."""
+    return {text: row for row, text in enumerate(texts)}
 
 
 def _strictly_ascending(texts: Sequence[str]) -> bool:

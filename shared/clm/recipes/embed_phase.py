@@ -140,9 +140,10 @@ def open_table(found: Path, fingerprint: str, path: Path) -> EmbeddingTable:
     try:
         return EmbeddingTable.open(found, fingerprint)
     except EmbeddingTableError as error:
-        if isinstance(error.__cause__, OSError):
-            raise embedding.EmbeddingCacheError(path, error.__cause__) from error
-        raise
+        failure = as_cache_failure(error, path)
+        if failure is error:
+            raise
+        raise failure from error
 
 
 def assemble_table(plan: shards.ShardPlan, staging: Path, texts: list[str], path: Path,
