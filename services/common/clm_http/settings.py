@@ -8,11 +8,12 @@ process the same way for all three (one log format, one uvicorn call).
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings
 
 LogLevel = Literal["debug", "info", "warning", "error"]
@@ -41,6 +42,34 @@ class ServiceSettings(BaseSettings):
     @classmethod
     def _lower_case_level(cls, value: Any) -> Any:
         return value.lower() if isinstance(value, str) else value  # INFO and info alike
+
+
+def environment_names(settings_class: type[BaseSettings], name: str) -> list[str]:
+    """The environment variables a field reads: its aliases if it has any, else prefix + NAME."""
+    alias = settings_class.model_fields[name].validation_alias
+    if isinstance(alias, AliasChoices):
+        return [str(choice) for choice in alias.choices]
+    if isinstance(alias, str):
+        return [alias]
+    return [f"{settings_class.model_config.get('env_prefix', '')}{name}".upper()]
+
+
+def settings_help(settings_class: type[BaseSettings]) -> str:
+    """Every setting of a service as ``--help`` lists it: its variable(s), meaning and default."""
+    lines = ["settings (environment variables):"]
+    for name, field in settings_class.model_fields.items():
+        # A SecretStr's repr masks its value; a factory's default is computed at start-up.
+        shown = "computed at start" if field.default_factory is not None else repr(field.default)
+        lines.append(f"  {' | '.join(environment_names(settings_class, name))}")
+        lines.append(f"      {field.description or ''} (default: {shown})")
+    return "\n".join(lines)
+
+
+def service_parser(prog: str, description: str | None, settings_class: type[BaseSettings]) -> argparse.ArgumentParser:
+    """The command line of a service that is configured by environment variables only: ``--help``
+    prints what it does and every setting, and exits 0 without starting anything."""
+    return argparse.ArgumentParser(prog=prog, description=description, epilog=settings_help(settings_class),
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def configure_logging(level: str) -> None:

@@ -8,21 +8,14 @@ Every setting is an environment variable (``clm_serve.settings.ServeSettings``).
 
 from __future__ import annotations
 
-import sys
-
-from clm_http.settings import configure_logging, serve
+from clm_http.settings import configure_logging, serve, service_parser
 
 from clm_serve.app import create_app
 from clm_serve.settings import ServeSettings
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in ("-h", "--help"):
-        print(__doc__)
-        for name, field in ServeSettings.model_fields.items():
-            print(f"  CLM_SERVE_{name.upper():<28} {field.description} (default: {field.default!r})")
-        return 0
+    service_parser("clm-serve", __doc__, ServeSettings).parse_args(argv)  # --help exits here
     settings = ServeSettings()
     configure_logging(settings.log_level)
     # The heads, caches and batchers live in this process; scale out with replicas.

@@ -12,6 +12,7 @@ a string that Python parses as a float becomes that float.
 
 from __future__ import annotations
 
+import argparse
 import copy
 import re
 from collections.abc import Mapping, Sequence
@@ -86,6 +87,26 @@ def apply_overrides(config: Mapping[str, Any], overrides: Sequence[tuple[str, An
             node = child
         node[parts[-1]] = value
     return updated
+
+
+HELP_FLAGS = ("-h", "--help")
+OVERRIDES_HELP = """overrides:
+  --section.key value   replaces one key of the YAML (values are YAML scalars:
+                        --train.epochs 3, --heads.init_checkpoint null, --loss.mode=rl)"""
+
+
+def wants_help(argv: Sequence[str]) -> bool:
+    """True when a module entry point's command line asks for its usage (``-h``/``--help``)."""
+    return any(argument in HELP_FLAGS for argument in argv)
+
+
+def config_command_help(prog: str, description: str | None) -> str:
+    """The usage of an entry point taking ``--config <yaml>`` plus dotted overrides (argparse's layout;
+    argparse does not parse these command lines, because the overrides are free-form)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description, epilog=OVERRIDES_HELP,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", metavar="YAML", required=True, help="the recipe config (see examples/decision/)")
+    return parser.format_help()
 
 
 def split_config_argument(argv: list[str]) -> tuple[str | None, list[str]]:

@@ -55,7 +55,7 @@ from clm.records.compact import TextIds, load_compact
 from clm.recipes import embed_phase, embedding
 from clm.recipes.batches import EncodedRecord, EncodedSplit, forward_identified
 from clm.recipes.config import ConfigError, RecipeConfig, load_config
-from clm.recipes.overrides import OverrideError, split_config_argument
+from clm.recipes.overrides import OverrideError, config_command_help, split_config_argument, wants_help
 from clm.recipes.distributed import RankInfo, close_distributed, init_distributed, wait_for_peers
 from clm.recipes.errors import publish_heads
 from clm.recipes.evaluation import (ScoredQuestion, as_encoded_records, metrics_by_split, reference_logprobs,
@@ -395,8 +395,11 @@ def main(config_path: str | None = None) -> None:
     The command line (``sys.argv``) may name the config with ``--config``
     (it wins over ``config_path``, the default) and override any key with
     ``--section.key value``. Under torchrun every rank runs this; rank 0
-    prints the run's summary as one JSON line.
+    prints the run's summary as one JSON line; ``--help`` prints the usage and runs nothing.
     """
+    if wants_help(sys.argv[1:]):
+        print(config_command_help("python -m clm.recipes.train_clm_heads", __doc__), end="")
+        return
     try:
         config_arg, overrides = split_config_argument(sys.argv[1:])
     except OverrideError as error:
