@@ -20,8 +20,17 @@ memory is its own) through the recipe's own data path:
 * **eval**: ``score_records`` over 10^4 records of the split.
 
 Peak anonymous memory (``RssAnon``: the process's own heap, not the page
-cache that maps the table) is sampled every 20 ms per phase. The last line is
-one JSON object; ``targets`` restates what issue 13 asks for.
+cache that maps the table) is sampled every 20 ms per phase.
+
+The training-speed ratio between sizes is not taken from those phases: they
+run minutes apart, so the machine's load between them would decide it (0.35
+at load 3.5, 0.90 quiet). A last process opens every size's table (kept from
+its run) and trains all sizes **side by side**: after one untimed warm-up
+block each, ``--blocks`` rounds of ``--block-steps`` steps per size, the sizes
+alternating within each round, so a load that comes or goes slows every size
+alike and cancels in the ratio. ``side_by_side.block_ratios`` shows the
+round-to-round spread. The last line is one JSON object; ``targets`` restates
+what issue 13 asks for.
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SIZES = (10_000, 100_000, 1_000_000)
 GENERATOR_CHUNK = 10_000
 EVAL_RECORDS = 10_000
+TABLE_FINGERPRINT = "bench-scale-seeded-normal"
 TARGETS = {"records_per_s_load": ">= 50000 at 1e6", "rss_anon_gb_at_1e6": "<= 4",
            "train_questions_per_s_ratio_1e6_vs_1e4": ">= 0.8"}
 
@@ -105,18 +115,77 @@ class PeakSampler:
         return self.peak
 
 
+# ------------------------------------------------------------------ training, as the recipe's loop steps
+class TrainingRun:
+    """SFT steps on one split exactly as ``clm.recipes.loop.run_epochs`` takes them, any number at a
+    time (``steps``), reshuffling the whole split at each epoch boundary."""
+
+    def __init__(self, split, table, dim: int, seed: int) -> None:
+        import torch
+
+        from clm.heads import CLMHeadPair, HeadConfig
+        from clm.recipes.config import LossConfig, TrainConfig
+        from clm.recipes.objectives import DecisionObjective
+
+        torch.manual_seed(seed)
+        self.split, self.config = split, TrainConfig()
+        self.heads = CLMHeadPair(HeadConfig(encoder_dim=dim), seed=seed)
+        self._shuffle = torch.Generator().manual_seed(self.config.seed)
+        self.objective = DecisionObjective(LossConfig().decision_loss_config(), table, torch.device("cpu"), {}, None,
+                                           torch.Generator().manual_seed(self.config.seed + 1))
+        self.optimizer = torch.optim.AdamW(self.heads.parameters(), lr=self.config.lr,
+                                           weight_decay=self.config.weight_decay, fused=True)
+        self.epoch_steps = -(-len(split) // self.config.batch_size)
+        self._order: list[int] = []
+        self._step_in_epoch = self.epoch_steps  # the first step shuffles
+
+    def steps(self, count: int) -> int:
+        """Take ``count`` optimizer steps; returns the questions they trained on."""
+        import torch
+
+        batch_size, questions = self.config.batch_size, 0
+        for _ in range(count):
+            if self._step_in_epoch == self.epoch_steps:
+                self._order, self._step_in_epoch = torch.randperm(len(self.split), generator=self._shuffle).tolist(), 0
+            start = self._step_in_epoch * batch_size
+            batch = [self.split[i] for i in self._order[start:start + batch_size]]
+            self._step_in_epoch += 1
+            questions += sum(len(record.questions) for record in batch)
+            result = self.objective(self.heads, batch)
+            if result is None:
+                continue
+            loss, _ = result
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.heads.parameters(), self.config.max_grad_norm)
+            self.optimizer.step()
+        return questions
+
+
+def table_path(workdir: Path, n_records: int) -> Path:
+    return workdir / f"table-{n_records}"
+
+
+def load_split(data: Path):
+    """(records, each text id's table row, the sorted texts) of a records file, as the recipe builds them."""
+    from clm.records.compact import TextIds, load_compact
+
+    text_ids = TextIds()
+    compact = load_compact(data, text_ids)
+    texts, rows = text_ids.sorted_with_rows()  # as the recipe: the table's rows come from the sort
+    return compact, rows, texts
+
+
 # ------------------------------------------------------------------ one size, in its own process
 def run_size(data: Path, workdir: Path, dim: int, steps: int, seed: int) -> dict:
+    """Every phase of one size; its table is kept (``table_path``) for the side-by-side training."""
     import numpy as np
     import torch
 
     from clm.embedding_table import EmbeddingTable
-    from clm.heads import CLMHeadPair, HeadConfig
     from clm.recipes.batches import EncodedSplit
-    from clm.recipes.config import LossConfig, TrainConfig
     from clm.recipes.embedding import text_set_digest
     from clm.recipes.evaluation import score_records
-    from clm.recipes.objectives import DecisionObjective
     from clm.records.compact import TextIds, load_compact
 
     sampler = PeakSampler()
@@ -138,7 +207,7 @@ def run_size(data: Path, workdir: Path, dim: int, steps: int, seed: int) -> dict
         phases[name] = entry
         log(f"{data.name}: {name}: {entry}")
 
-    with phase("load") as entry:
+    with phase("load") as entry:  # load_split's two steps, timed apart
         text_ids = TextIds()
         compact = load_compact(data, text_ids)
         entry.update(records=len(compact), questions=compact.question_count, texts=len(text_ids),
@@ -156,12 +225,12 @@ def run_size(data: Path, workdir: Path, dim: int, steps: int, seed: int) -> dict
     if free < table_bytes * 1.1 + 2**30:
         raise SystemExit(f"{workdir} has {free / 2**30:.1f} GB free; a {len(texts)} x {dim} table needs "
                          f"{table_bytes / 2**30:.1f} GB plus 1 GB to spare")
-    table_path = workdir / f"table-{len(compact)}"
-    shutil.rmtree(table_path, ignore_errors=True)
+    table_dir = table_path(workdir, len(compact))
+    shutil.rmtree(table_dir, ignore_errors=True)
     try:
         with phase("table") as entry:
             generator = np.random.default_rng(seed)
-            with EmbeddingTable.create(table_path, texts, dim, "bench-scale-seeded-normal") as writer:
+            with EmbeddingTable.create(table_dir, texts, dim, TABLE_FINGERPRINT) as writer:
                 for start in range(0, len(texts), 16384):
                     end = min(start + 16384, len(texts))
                     vectors = generator.standard_normal((end - start, dim), dtype=np.float32)
@@ -169,73 +238,112 @@ def run_size(data: Path, workdir: Path, dim: int, steps: int, seed: int) -> dict
                     writer.write(np.arange(start, end), vectors)
                 table = writer.finalize()
             split = EncodedSplit(compact, rows, texts)
-            entry.update(rows=len(table), dim=dim, table_gb=round((table_path / "vectors.npy").stat().st_size / 2**30, 3),
+            entry.update(rows=len(table), dim=dim, table_gb=round((table_dir / "vectors.npy").stat().st_size / 2**30, 3),
                          vectors="seeded standard normal, L2-normalised, stored float16")
 
-        torch.manual_seed(seed)
-        device = torch.device("cpu")
-        train = TrainConfig()
-        heads = CLMHeadPair(HeadConfig(encoder_dim=dim), seed=seed)
-        shuffle = torch.Generator().manual_seed(train.seed)
-        objective = DecisionObjective(LossConfig().decision_loss_config(), table, device, {}, None,
-                                      torch.Generator().manual_seed(train.seed + 1))
-        optimizer = torch.optim.AdamW(heads.parameters(), lr=train.lr, weight_decay=train.weight_decay, fused=True)
-        epoch_steps = -(-len(split) // train.batch_size)
-        planned = epoch_steps if len(split) <= EVAL_RECORDS else min(steps, epoch_steps)
+        run = TrainingRun(split, table, dim, seed)
+        planned = run.epoch_steps if len(split) <= EVAL_RECORDS else min(steps, run.epoch_steps)
         with phase("train") as entry:
-            order = torch.randperm(len(split), generator=shuffle).tolist()
-            questions = 0
-            for step in range(planned):
-                batch = [split[i] for i in order[step * train.batch_size:(step + 1) * train.batch_size]]
-                questions += sum(len(record.questions) for record in batch)
-                result = objective(heads, batch)
-                if result is None:
-                    continue
-                loss, _ = result
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(heads.parameters(), train.max_grad_norm)
-                optimizer.step()
-            entry.update(steps=planned, batch_records=train.batch_size, questions=questions,
-                         full_epoch=planned == epoch_steps)
+            questions = run.steps(planned)
+            entry.update(steps=planned, batch_records=run.config.batch_size, questions=questions,
+                         full_epoch=planned == run.epoch_steps)
         entry["questions_per_s"] = round(questions / entry["seconds"], 1)
 
         with phase("eval") as entry:
             subset = split[: min(EVAL_RECORDS, len(split))]
-            scored = score_records(heads, table, subset, device, train.eval_batch_size)
+            scored = score_records(run.heads, table, subset, torch.device("cpu"), run.config.eval_batch_size)
             entry.update(records=len(subset), questions=len(scored))
         entry["questions_per_s"] = round(entry["questions"] / entry["seconds"], 1)
-    finally:
-        shutil.rmtree(table_path, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(table_dir, ignore_errors=True)
+        raise
     return {"records": len(compact), "texts": len(texts), "threads": torch.get_num_threads(), "phases": phases,
             "peak_rss_anon_gb": max(p["peak_rss_anon_gb"] for p in phases.values())}
 
 
+# ------------------------------------------------------------------ every size's training side by side
+def run_side_by_side(datas: list[Path], workdir: Path, dim: int, block_steps: int, blocks: int, seed: int) -> dict:
+    """Training speed of every size, measured in alternating blocks in this one process (see the module doc)."""
+    from clm.embedding_table import EmbeddingTable
+    from clm.recipes.batches import EncodedSplit
+
+    runs: dict[int, TrainingRun] = {}
+    for data in datas:
+        compact, rows, texts = load_split(data)
+        table = EmbeddingTable.open(table_path(workdir, len(compact)), TABLE_FINGERPRINT)
+        if not table.has_rows_in_order(texts):
+            raise SystemExit(f"{table.path} does not hold {data.name}'s texts in order; rerun without it")
+        runs[len(compact)] = TrainingRun(EncodedSplit(compact, rows, texts), table, dim, seed)
+    for run in runs.values():
+        run.steps(block_steps)  # warm-up: first touches of the table, allocator, threads
+    seconds = dict.fromkeys(runs, 0.0)
+    questions = dict.fromkeys(runs, 0)
+    per_block: dict[int, list[float]] = {n: [] for n in runs}
+    for round_index in range(blocks):
+        # Alternate which size goes first, so neither always follows the other's cache footprint.
+        order = list(runs) if round_index % 2 == 0 else list(reversed(runs))
+        for n_records in order:
+            started = time.perf_counter()
+            done = runs[n_records].steps(block_steps)
+            elapsed = time.perf_counter() - started
+            seconds[n_records] += elapsed
+            questions[n_records] += done
+            per_block[n_records].append(done / elapsed)
+        log(f"side by side: round {round_index + 1}/{blocks}: "
+            + ", ".join(f"{n}: {per_block[n][-1]:.0f} questions/s" for n in runs))
+    small, big = min(runs), max(runs)
+    return {
+        "block_steps": block_steps, "blocks": blocks, "warmup_blocks": 1,
+        "questions_per_s": {str(n): round(questions[n] / seconds[n], 1) for n in runs},
+        "seconds": {str(n): round(seconds[n], 3) for n in runs},
+        "ratio": round((questions[big] / seconds[big]) / (questions[small] / seconds[small]), 3),
+        "block_ratios": [round(b / s, 3) for b, s in zip(per_block[big], per_block[small])],
+        "load_average": [round(value, 2) for value in os.getloadavg()],
+    }
+
+
 # ------------------------------------------------------------------ driver
+def child(command: list[str]) -> dict:
+    """Run one child of this script; its last stdout line is its JSON."""
+    output = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True).stdout
+    return json.loads(output.strip().splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=lambda text: [int(float(s)) for s in text.split(",")],
                         default=list(DEFAULT_SIZES), help="comma-separated record counts (1e4,1e5,1e6)")
     parser.add_argument("--dim", type=int, default=1024, help="encoder width of the table")
     parser.add_argument("--steps", type=int, default=300, help="training steps above 10^4 records")
+    parser.add_argument("--block-steps", type=int, default=25, help="steps per block of the side-by-side training")
+    parser.add_argument("--blocks", type=int, default=8, help="timed rounds of the side-by-side training")
     parser.add_argument("--workdir", type=Path, default=ROOT / "var" / "bench-scale")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--one", type=Path, help=argparse.SUPPRESS)  # child: one size, prints its JSON
+    parser.add_argument("--side-by-side", type=Path, nargs="+", help=argparse.SUPPRESS)  # child: the ratio
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     if args.one is not None:
         print(json.dumps(run_size(args.one, args.workdir, args.dim, args.steps, args.seed)), flush=True)
         return
+    if args.side_by_side is not None:
+        result = run_side_by_side(args.side_by_side, args.workdir, args.dim, args.block_steps, args.blocks, args.seed)
+        print(json.dumps(result), flush=True)
+        return
 
     started = time.perf_counter()
     largest = max(args.sizes)
     by_size: dict[int, dict] = {}
-    for n_records in sorted(args.sizes):
-        data = records_file(args.workdir, n_records, largest)
-        command = [sys.executable, __file__, "--one", str(data), "--dim", str(args.dim), "--steps", str(args.steps),
-                   "--workdir", str(args.workdir), "--seed", str(args.seed)]
-        output = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True).stdout
-        by_size[n_records] = json.loads(output.strip().splitlines()[-1])
+    common = ["--dim", str(args.dim), "--workdir", str(args.workdir), "--seed", str(args.seed)]
+    datas = [records_file(args.workdir, n_records, largest) for n_records in sorted(args.sizes)]
+    try:
+        for n_records, data in zip(sorted(args.sizes), datas):
+            by_size[n_records] = child([sys.executable, __file__, "--one", str(data), "--steps", str(args.steps), *common])
+        side_by_side = child([sys.executable, __file__, "--side-by-side", *map(str, datas), "--block-steps",
+                              str(args.block_steps), "--blocks", str(args.blocks), *common])
+    finally:
+        for n_records in args.sizes:
+            shutil.rmtree(table_path(args.workdir, n_records), ignore_errors=True)
     small, big = by_size[min(by_size)], by_size[max(by_size)]
     summary = {
         "sizes": {str(n): result for n, result in by_size.items()},
@@ -244,7 +352,10 @@ def main() -> None:
         "largest": largest,
         "records_per_s_load": big["phases"]["load"]["records_per_s"],
         "rss_anon_gb_at_1e6": big["peak_rss_anon_gb"],
-        "train_questions_per_s_ratio_1e6_vs_1e4": round(
+        "train_questions_per_s_ratio_1e6_vs_1e4": side_by_side["ratio"],
+        "side_by_side": side_by_side,
+        # The same ratio from the separate per-size phases, minutes apart: what the machine's load decides.
+        "train_ratio_separate_phases": round(
             big["phases"]["train"]["questions_per_s"] / small["phases"]["train"]["questions_per_s"], 3),
         "table_gb_at_1e6": big["phases"]["table"]["table_gb"],
         "seconds": {str(n): {name: p["seconds"] for name, p in result["phases"].items()} for n, result in by_size.items()},
