@@ -2,10 +2,13 @@
 PY := .venv/bin/python
 PYTEST := .venv/bin/pytest
 
-.PHONY: setup test test-compose test-fast test-faults demo bench-loss bench-embedder bench-trainer bench-serve bench-scale clean
+.PHONY: setup lock test test-compose test-fast test-faults demo bench-loss bench-embedder bench-trainer bench-serve bench-scale clean
 
 setup:
 	bash scripts/setup.sh
+
+lock:  ## regenerate constraints/*.txt (the exact versions setup and the images install) from fresh venvs
+	bash scripts/lock.sh
 
 test:
 	$(PYTEST) -q tests

