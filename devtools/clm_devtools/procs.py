@@ -62,8 +62,16 @@ class ManagedProcess:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.pid, sig)
 
+    def pause(self) -> None:
+        """SIGSTOP the whole process group: it keeps its sockets open but computes and answers nothing
+        (connections are accepted by the kernel, requests wait unread) until :meth:`resume`."""
+        self.signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.signal(signal.SIGCONT)
+
     def kill(self) -> None:
-        """SIGKILL the whole process group (a crash, as far as the process can tell)."""
+        """SIGKILL the whole process group (a crash, as far as the process can tell; a paused one too)."""
         self.signal(signal.SIGKILL)
         if self.popen is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -74,6 +82,7 @@ class ManagedProcess:
         if not self.alive():
             return
         self.signal(signal.SIGTERM)
+        self.signal(signal.SIGCONT)  # a paused process acts on SIGTERM only once it runs again
         try:
             self.popen.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -115,6 +124,20 @@ def wait_http(process: ManagedProcess, url: str, timeout: float = 120.0) -> None
     raise TimeoutError(f"{process.name} not ready at {url} after {timeout:.0f}s:\n{process.log_tail()}")
 
 
+def metric_samples(url: str, timeout: float = 5.0) -> dict[str, float]:
+    """The samples of a Prometheus text page (a server's ``/metrics``) by sample name, each summed over
+    its label sets (``vllm:request_success_total`` over every finish reason)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        text = response.read().decode("utf-8")
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            totals[sample.name] = totals.get(sample.name, 0.0) + float(sample.value)
+    return totals
+
+
 def redis_server_binary() -> str:
     binary = shutil.which("redis-server")
     if binary is None:
@@ -150,3 +173,17 @@ def running(process: ManagedProcess) -> Iterator[ManagedProcess]:
         yield process
     finally:
         process.stop()
+
+
+def wait_for_log(process: ManagedProcess, text: str, timeout: float = 60.0) -> None:
+    """Wait until ``text`` is in ``process``'s log file: the line it writes once something happened (a
+    request answered, a job finished), so what a test reads from the log next is there, not still buffered."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if text in process.log_path.read_text(errors="replace"):
+                return
+        except FileNotFoundError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{process.name} did not log {text!r} within {timeout:.0f}s:\n{process.log_tail()}")

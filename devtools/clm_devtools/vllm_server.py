@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from clm.encoders.base import Pooling
-from clm_devtools.procs import ManagedProcess, free_port, wait_http
+from clm_devtools.procs import ManagedProcess, free_port, metric_samples, wait_http, wait_until
 
 _VLLM_POOLING = {"last": "LAST", "mean": "MEAN", "cls": "CLS"}
 
@@ -133,6 +133,43 @@ class VLLMServer:
         """SIGKILL the whole process tree: what a crash looks like to clients."""
         if self._process is not None:
             self._process.kill()
+
+    def pause(self) -> None:
+        """SIGSTOP the server (API process and engine core): what it has not answered yet stays
+        unanswered, so work observed in flight is certainly still in flight at a following :meth:`kill`."""
+        if self._process is not None:
+            self._process.pause()
+
+    def resume(self) -> None:
+        if self._process is not None:
+            self._process.resume()
+
+    def metrics(self) -> dict[str, float]:
+        """The server's Prometheus ``/metrics`` samples by name, summed over labels (see ``metric_samples``)."""
+        return metric_samples(f"{self.base_url}/metrics")
+
+    def prompts_finished(self) -> int:
+        """Prompts the engine has finished since it started (``vllm:request_success_total``, every finish
+        reason). An embeddings request of n inputs is n prompts."""
+        return int(self.metrics().get("vllm:request_success_total", 0.0))
+
+    def wait_prompts_finished(self, more_than: int, timeout_s: float = 120.0) -> int:
+        """Wait until the engine has finished more than ``more_than`` prompts (a :meth:`prompts_finished`
+        reading taken before work was sent: then vLLM is computing that work); returns the new count.
+
+        A counter, not the ``num_requests_running`` gauge: the gauge is a per-step snapshot that reads 0
+        between steps, even under steady load."""
+        seen = {"finished": more_than}
+
+        def finished_more() -> bool:
+            if not self.alive():
+                raise RuntimeError(f"vLLM server on port {self.port} exited:\n{self.log_tail()}")
+            seen["finished"] = self.prompts_finished()
+            return seen["finished"] > more_than
+
+        wait_until(finished_more, timeout=timeout_s, interval=0.02,
+                   what=f"vLLM on port {self.port} to finish more than {more_than} prompts")
+        return seen["finished"]
 
     def stop(self, timeout_s: float = 20.0) -> None:
         if self._process is not None:

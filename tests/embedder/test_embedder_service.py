@@ -19,6 +19,8 @@ import redis
 
 from clm_devtools.devstack import start_embedder
 
+from support.faults import HeldVLLM
+
 
 @pytest.fixture()
 def embedder_factory(tmp_path, tiny_qwen3_dir):
@@ -178,20 +180,28 @@ def test_malformed_bodies_are_4xx_never_5xx(limited_embedder):
 
 
 def test_saturation_answers_503_with_retry_after(embedder_factory):
-    service = embedder_factory(max_in_flight_requests=1)
-    texts = [f"long text number {i} " + "word " * 200 for i in range(64)]
+    """With its one slot taken, the embedder refuses every other request at once. The slot is held by a
+    request that a stand-in vLLM server keeps until the test releases it, so it is certainly in flight
+    while the others arrive (the tiny local model would answer it in a moment)."""
+    with HeldVLLM(dim=128) as held:
+        service = embedder_factory(max_in_flight_requests=1, backend="vllm", vllm_url=held.url)
 
-    async def burst():
-        async with httpx.AsyncClient(timeout=120) as client:
-            return await asyncio.gather(*[
-                client.post(f"{service.url}/v1/embeddings", json={"input": texts[i::4]}) for i in range(4)])
+        async def burst():
+            async with httpx.AsyncClient(base_url=service.url, timeout=120) as client:
+                admitted = asyncio.create_task(client.post("/v1/embeddings", json={"input": ["admitted"]}))
+                assert await asyncio.to_thread(held.arrived.wait, 60), "the first request never reached vLLM"
+                others = await asyncio.gather(*[
+                    client.post("/v1/embeddings", json={"input": [f"refused {i}"]}) for i in range(3)])
+                held.release.set()
+                return await admitted, others
 
-    responses = asyncio.run(burst())
-    codes = sorted(r.status_code for r in responses)
-    assert 200 in codes and 503 in codes, codes
-    refused = next(r for r in responses if r.status_code == 503)
-    assert refused.headers["retry-after"] == "1"
-    assert "saturated" in refused.json()["error"]["message"]
+        admitted, others = asyncio.run(burst())
+    assert admitted.status_code == 200, admitted.text
+    assert [r.status_code for r in others] == [503, 503, 503], [r.text for r in others]
+    for refused in others:
+        assert refused.headers["retry-after"] == "1"
+        assert "saturated" in refused.json()["error"]["message"]
+    assert held.requests == 1  # the refused requests never reached the encoder
 
 
 def test_metrics_and_health_endpoints(embedder_factory, redis_url):

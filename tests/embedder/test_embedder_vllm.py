@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 
 import httpx
 import numpy as np
@@ -16,19 +15,40 @@ from clm_devtools.devstack import start_embedder
 pytestmark = pytest.mark.vllm
 
 
+def start_vllm_embedder(tmp_path, tiny_qwen3_dir, vllm_server, redis_url, **extra_env):
+    return start_embedder(tmp_path / "logs", cache_dir=tmp_path / "cache", redis_url=redis_url,
+                          model=str(tiny_qwen3_dir), backend="vllm",
+                          extra_env={"CLM_EMBEDDER_VLLM_URL": vllm_server.base_url,
+                                     "CLM_EMBEDDER_POOLING": "last", "CLM_EMBEDDER_MAX_TOKENS": "512",
+                                     "CLM_EMBEDDER_VLLM_RETRIES": "2", "CLM_EMBEDDER_VLLM_TIMEOUT_S": "20",
+                                     **extra_env})
+
+
 @pytest.fixture()
 def vllm_embedder(tmp_path, tiny_qwen3_dir, vllm_server, redis_url):
-    service = start_embedder(tmp_path / "logs", cache_dir=tmp_path / "cache", redis_url=redis_url,
-                             model=str(tiny_qwen3_dir), backend="vllm",
-                             extra_env={"CLM_EMBEDDER_VLLM_URL": vllm_server.base_url,
-                                        "CLM_EMBEDDER_POOLING": "last", "CLM_EMBEDDER_MAX_TOKENS": "512",
-                                        "CLM_EMBEDDER_VLLM_RETRIES": "2", "CLM_EMBEDDER_VLLM_TIMEOUT_S": "20"})
+    service = start_vllm_embedder(tmp_path, tiny_qwen3_dir, vllm_server, redis_url)
+    yield service
+    service.stop()
+
+
+@pytest.fixture()
+def one_call_vllm_embedder(tmp_path, tiny_qwen3_dir, vllm_server, redis_url):
+    """An embedder whose backend batch is as large as its largest request: a request's misses are one
+    encoder call (split into several HTTP requests to vLLM), which succeeds or fails as a whole. Its vLLM
+    timeout is only an upper bound (a crash is a refused connection, not a timeout)."""
+    service = start_vllm_embedder(tmp_path, tiny_qwen3_dir, vllm_server, redis_url,
+                                  CLM_EMBEDDER_VLLM_BATCH_SIZE="1024", CLM_EMBEDDER_MAX_INPUTS_PER_REQUEST="1024",
+                                  CLM_EMBEDDER_VLLM_TIMEOUT_S="120")
     yield service
     service.stop()
 
 
 def post(url: str, texts: list[str], timeout: float = 120) -> httpx.Response:
     return httpx.post(f"{url}/v1/embeddings", json={"input": texts}, timeout=timeout)
+
+
+def stats(url: str) -> dict:
+    return httpx.get(f"{url}/v1/cache/stats", timeout=10).json()
 
 
 def test_vllm_backed_embedder_matches_the_local_encoder(vllm_embedder, tiny_qwen3_dir):
@@ -45,27 +65,40 @@ def test_vllm_backed_embedder_matches_the_local_encoder(vllm_embedder, tiny_qwen
     assert identity["digest"] == encoder.fingerprint.digest  # either backend fills the same cache keys
 
 
-def test_killing_vllm_mid_request_gives_503_caches_nothing_and_recovers(vllm_embedder, vllm_server):
-    texts = [f"unseen text {i} " + "padding words " * 40 for i in range(400)]
+def test_killing_vllm_mid_request_gives_503_caches_nothing_and_recovers(one_call_vllm_embedder, vllm_server):
+    embedder = one_call_vllm_embedder
+    # The largest request this embedder takes: seconds of vLLM work, of which the test lets it do a little.
+    texts = [f"unseen text {i} " + "padding words " * 40 for i in range(1024)]
     outcome: dict = {}
 
     def request() -> None:
-        outcome["response"] = post(vllm_embedder.url, texts, timeout=300)
+        outcome["response"] = post(embedder.url, texts, timeout=300)
 
     thread = threading.Thread(target=request)
-    thread.start()
-    time.sleep(0.5)  # the request is now inside vLLM
-    vllm_server.kill()
-    thread.join(timeout=300)
+    try:
+        finished_before = vllm_server.prompts_finished()
+        thread.start()
+        vllm_server.wait_prompts_finished(finished_before)  # vLLM is computing this request's texts
+        vllm_server.pause()  # frozen: no answer can reach the embedder any more
+        try:
+            assert "response" not in outcome, "the request finished before the kill"
+            assert stats(embedder.url)["backend_texts_encoded"] == 0  # its one encoder call is unfinished
+        finally:
+            vllm_server.kill()
+        thread.join(timeout=300)
+        assert not thread.is_alive()
+        health_while_down = httpx.get(f"{embedder.url}/health")
+    finally:
+        if not vllm_server.alive():  # the session's other tests need it, whatever failed here
+            vllm_server.restart(timeout_s=400)
+
     response = outcome["response"]
     assert response.status_code == 503, response.text
     assert "unavailable" in response.json()["error"]["message"]
     assert response.headers.get("retry-after")
-    health = httpx.get(f"{vllm_embedder.url}/health")
-    assert health.status_code == 503 and health.json()["backend"] is False
+    assert health_while_down.status_code == 503 and health_while_down.json()["backend"] is False
 
-    vllm_server.restart(timeout_s=400)
-    again = post(vllm_embedder.url, texts)
+    again = post(embedder.url, texts, timeout=300)
     assert again.status_code == 200
     # Nothing of the failed request was cached: every text is a miss now.
     assert again.headers["x-cache-misses"] == str(len(texts))

@@ -71,7 +71,8 @@ def test_vllm_stopped_during_a_job(stack, vllm_server, fault_report):
         with stack.client() as client:
             encoded_before = backend_texts_encoded(embedder.url)
             job_id = submit(client, job_config(name="s3-vllm-crash", epochs=3, data_prefix="s3-", seed=3))
-            # Kill on state (vLLM has encoded some of the job's texts), not after a sleep from the phase change.
+            # Kill on state (vLLM has encoded some of the job's texts), not after a sleep from the phase change;
+            # that the kill really fell inside the embedding phase is checked below, from the counts.
             wait_for(lambda: backend_texts_encoded(embedder.url) > encoded_before, 90,
                      "vLLM to encode some of the job's texts")
             vllm_server.kill()
@@ -85,23 +86,29 @@ def test_vllm_stopped_during_a_job(stack, vllm_server, fault_report):
             wait_event(client, job_id, lambda e: (e.get("counters") or {}).get("retry", 0) >= 1, 90,
                        "an embedder retry", stack)
             running = client.get(f"/jobs/{job_id}").json()["status"]
+            # The job has retried, so its request in flight at the kill has failed: what vLLM encoded of
+            # the job's texts before the kill is final now.
+            encoded_at_kill = backend_texts_encoded(embedder.url) - encoded_before
 
             vllm_server.restart(timeout_s=420)
             down_s = time.monotonic() - killed_at
             job = wait_job(client, job_id, is_terminal, 240, stack, "the job to finish after vLLM came back")
             evts = events(client, job_id)
+            encoded_by_the_job = backend_texts_encoded(embedder.url) - encoded_before
         again = httpx.post(f"{embedder.url}/v1/embeddings", json={"input": [probe_text]}, timeout=60)
     finally:
         if not vllm_server.alive():  # the session's other tests need it
             vllm_server.restart(timeout_s=420)
 
     retries = [e for e in evts if (e.get("counters") or {}).get("retry")]
+    job_texts = max(e.get("total") or 0 for e in evts if e.get("phase") == "embedding")  # distinct texts
     message = refused.json()["error"]["message"] if refused.status_code == 503 else refused.text[:200]
     fault_report.check("embedder answer while vLLM down", f"{refused.status_code} in {refused_s:.1f} s: "
                                                           f"{message.split(';')[0]}")
     fault_report.check("embedder health while vLLM down", health.status_code)
     fault_report.check("job while vLLM down", running)
     fault_report.check("retry events", len(retries))
+    fault_report.check("job texts encoded by vLLM before the kill", f"{encoded_at_kill}/{job_texts}")
     fault_report.check("vLLM down (s)", round(down_s, 1))
     fault_report.check("jobs completed", sum(e["type"] == "succeeded" for e in evts))
     fault_report.check("checkpoints published", len(list_versions(stack.checkpoint_root, "s3-vllm-crash")))
@@ -111,6 +118,9 @@ def test_vllm_stopped_during_a_job(stack, vllm_server, fault_report):
     assert "encoder is unavailable" in message and "vLLM" in message, message
     assert health.status_code == 503 and health.json()["backend"] is False
     assert running == "running"
+    # The kill fell inside the embedding phase: some of the job's texts were encoded, not all of them.
+    assert 0 < encoded_at_kill < job_texts, (encoded_at_kill, job_texts)
+    assert encoded_by_the_job == job_texts  # each text reached vLLM once: none lost, none encoded twice
     assert retries and all("embedder unavailable" in e["message"] for e in retries)
     assert job["status"] == "succeeded" and job["attempts"] == 1, job
     assert [e["type"] for e in evts].count("succeeded") == 1

@@ -2,17 +2,20 @@
 
 A real ``clm-serve`` process (tiny Qwen3 in-process encoder, small heads)
 watches a checkpoint root; the test publishes v0002, v0003 and v0004 at
-15 s, 30 s and 45 s, the way the trainer does. Required: zero failed
-requests; every response names the version that computed it (header and
-``system_fingerprint``, which agree); per client, versions never go
-backwards; every published version answers. Latency percentiles and
-throughput go into the report.
+15 s, 30 s and 45 s, the way the trainer does, each only once the version
+before it has answered a client, and keeps the load on until v0004 has
+answered too. Required: zero failed requests; every response names the
+version that computed it (header and ``system_fingerprint``, which agree);
+per client, versions never go backwards; every published version answers.
+Latency percentiles and throughput go into the report.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections import defaultdict
 from pathlib import Path
 
 import httpx
@@ -25,7 +28,11 @@ from support.serve import TRIAGE_REQUEST, publish, start_serve_with_heads
 CLIENTS = 16
 DURATION_S = 60.0
 PUBLISH_AT_S = (15.0, 30.0, 45.0)  # v0002, v0003, v0004
-P99_BUDGET_MS = 5000.0  # a stall bound only (2 shared CPU cores); the measured p99 is what the report shows
+# A stall bound only; the measured p99 is what the report shows. A busier machine slows every request
+# alike, a stall (a reload blocking the server) only some: so the bound is 5 s or ten medians, whichever
+# is more, never a bet on how fast the machine is.
+P99_BUDGET_MS = 5000.0
+STALL_MEDIANS = 10.0
 
 
 def _request(client: int, n: int) -> dict:
@@ -41,6 +48,7 @@ async def _load(url: str, root: Path, fingerprint) -> dict:
     loop = asyncio.get_running_loop()
     started = loop.time()
     stop = asyncio.Event()
+    answered: defaultdict[str, asyncio.Event] = defaultdict(asyncio.Event)  # version -> a client got its answer
 
     async def client_loop(index: int) -> None:
         n = 0
@@ -58,23 +66,35 @@ async def _load(url: str, root: Path, fingerprint) -> dict:
                     failures.append(f"client {index}: {response.status_code} {response.text[:300]}")
                     continue
                 body = response.json()
-                results[index].append((latency, response.headers.get("X-CLM-Heads-Version", ""),
-                                       body.get("system_fingerprint", "")))
+                version = response.headers.get("X-CLM-Heads-Version", "")
+                results[index].append((latency, version, body.get("system_fingerprint", "")))
+                answered[version].set()
 
     async def publisher() -> None:
         for seed, at in enumerate(PUBLISH_AT_S, start=2):
+            # Each version is published on schedule, but never before the one it replaces has answered
+            # (a reload that nobody saw would prove nothing, and two publishes inside one poll interval
+            # let the server skip one).
+            await answered[f"v{seed - 1:04d}"].wait()
             await asyncio.sleep(max(0.0, started + at - loop.time()))
             version = await asyncio.to_thread(publish, root, seed, fingerprint)
             published.append((f"v{version.version:04d}", loop.time() - started))
+        await answered[f"v{len(PUBLISH_AT_S) + 1:04d}"].wait()  # and the last one has answered too
 
     tasks = [asyncio.create_task(client_loop(i)) for i in range(CLIENTS)]
     publishing = asyncio.create_task(publisher())
     try:
+        # DURATION_S of load at least, and until every version has answered (the timeout is an upper bound
+        # only: a server that stops reloading fails the test below instead of hanging it).
         await asyncio.sleep(DURATION_S)
+        await asyncio.wait([publishing], timeout=DURATION_S * 5)
     finally:
         stop.set()
         await asyncio.gather(*tasks)
-        await publishing
+        if not publishing.done():
+            publishing.cancel()  # a version never answered: the assertions below say which
+        with contextlib.suppress(asyncio.CancelledError):
+            await publishing  # a failed publish still fails the test
     async with httpx.AsyncClient(base_url=url, timeout=30) as admin:
         heads = (await admin.get("/v1/heads")).json()
         metrics = (await admin.get("/metrics")).text
@@ -129,4 +149,4 @@ def test_serve_under_load_while_versions_publish(fault_report, tmp_path, tiny_qw
     assert versions_seen == ["v0001", "v0002", "v0003", "v0004"], versions_seen
     assert outcome["heads"]["version"] == "v0004" and outcome["heads"]["last_error"] is None, outcome["heads"]
     assert 'clm_serve_heads_reloads_total{outcome="success"} 4.0' in outcome["metrics"]
-    assert p99 < P99_BUDGET_MS, f"p99 {p99:.0f} ms"
+    assert p99 < max(P99_BUDGET_MS, STALL_MEDIANS * p50), f"p99 {p99:.0f} ms, p50 {p50:.0f} ms"

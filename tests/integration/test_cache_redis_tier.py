@@ -52,8 +52,10 @@ def test_a_hung_redis_fails_fast_then_the_circuit_answers_at_once_then_it_recove
 
     async def body():
         tier = RedisTier(url, socket_timeout_s=0.3, connect_timeout_s=0.3, retry_interval_s=0.5)
+        checkouts = count_connection_checkouts(tier)
         try:
             await tier.set_many({key(1): b"v"})
+            assert checkouts  # the count sees commands that reach the network
             process.signal(signal.SIGSTOP)  # accepts TCP, never answers: the worst kind of outage
             try:
                 started = time.monotonic()
@@ -62,16 +64,42 @@ def test_a_hung_redis_fails_fast_then_the_circuit_answers_at_once_then_it_recove
                 assert time.monotonic() - started < 1.5  # socket timeout x (1 + one retry), no backoff
                 assert not tier.available and tier.last_error
 
-                started = time.monotonic()
+                before = len(checkouts)
                 with pytest.raises(TierUnavailable, match="retrying in"):
-                    await tier.get_many([key(1)])  # open circuit: no network wait at all
-                assert time.monotonic() - started < 0.05
+                    await tier.get_many([key(1)])
+                assert len(checkouts) == before  # open circuit: not a single connection asked for
             finally:
                 process.signal(signal.SIGCONT)
-            await asyncio.sleep(0.6)  # past retry_interval_s: the next call tries the server again
-            assert await tier.get_many([key(1)]) == {key(1): b"v"}
+            # Until retry_interval_s has passed the circuit keeps answering alone; then the next call
+            # tries the server again and finds it back. Wait on that answer, not on a clock.
+            deadline = time.monotonic() + 30
+            while True:
+                before = len(checkouts)
+                try:
+                    found = await tier.get_many([key(1)])
+                    break
+                except TierUnavailable as still_open:
+                    assert "retrying in" in str(still_open) and len(checkouts) == before, still_open
+                    assert time.monotonic() < deadline, "the circuit never let a call through again"
+                    await asyncio.sleep(0.05)
+            assert found == {key(1): b"v"}
             assert tier.available and tier.last_error is None
         finally:
             await tier.aclose()
 
     asyncio.run(body())
+
+
+def count_connection_checkouts(tier: RedisTier) -> list[None]:
+    """Every connection the tier's client takes from its pool appends to the list returned (a command
+    that reaches the network takes one; an answer of the open circuit takes none)."""
+    pool = tier._client.connection_pool
+    checkouts: list[None] = []
+    take = pool.get_connection
+
+    async def counted(*args, **kwargs):
+        checkouts.append(None)
+        return await take(*args, **kwargs)
+
+    pool.get_connection = counted
+    return checkouts

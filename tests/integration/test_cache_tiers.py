@@ -40,17 +40,24 @@ def served_vector(text: str, store_dtype: str = "float16") -> np.ndarray:
 
 
 class RecordingBackend:
-    """Deterministic EncoderBackend that records batches, can be slow, and can fail on chosen texts."""
+    """Deterministic EncoderBackend that records batches, can be held, and can fail on chosen texts.
 
-    def __init__(self, *, max_batch_texts: int = 64, delay_s: float = 0.0, fail_on: frozenset[str] = frozenset()):
+    ``held=True``: every call waits at the backend until the test sets ``release`` (``entered`` is set
+    when the first call arrives), so a flight is "at the backend" for exactly as long as a test needs.
+    """
+
+    def __init__(self, *, max_batch_texts: int = 64, held: bool = False, fail_on: frozenset[str] = frozenset()):
         self.fingerprint = EncoderFingerprint(model="test/recording", weights="v1", pooling="last",
                                               normalize=True, dtype="float32", max_tokens=128,
                                               template_version="test")
         self.dim = DIM
         self.max_batch_texts = max_batch_texts
-        self.delay_s = delay_s
         self.fail_on = fail_on
         self.batches: list[list[str]] = []
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+        if not held:
+            self.release.set()
 
     @property
     def encoded(self) -> list[str]:
@@ -58,8 +65,8 @@ class RecordingBackend:
 
     async def encode(self, texts: list[str]) -> EncodeResult:
         self.batches.append(list(texts))
-        if self.delay_s:
-            await asyncio.sleep(self.delay_s)
+        self.entered.set()
+        await self.release.wait()
         failing = [t for t in texts if t in self.fail_on]
         if failing:
             raise EncoderError(f"test backend refuses {failing}")
@@ -325,14 +332,19 @@ def test_backend_failure_caches_nothing_for_the_failed_texts_and_propagates(redi
 
 def test_concurrent_requests_encode_each_distinct_text_once(redis_url, tmp_path):
     async def body():
-        cache, backend = make_cache(redis_url, tmp_path), RecordingBackend(max_batch_texts=8, delay_s=0.05)
+        cache, backend = make_cache(redis_url, tmp_path), RecordingBackend(max_batch_texts=8, held=True)
         pool = [f"shared text {i}" for i in range(30)]
         rng = random.Random(7)
         requests = [rng.sample(pool, 10) + rng.sample(pool, 2) for _ in range(20)]  # overlaps + duplicates
+        distinct = {t for texts in requests for t in texts}
         try:
-            results = await asyncio.gather(*(cache.get_or_encode(texts, backend) for texts in requests))
+            running = asyncio.gather(*(cache.get_or_encode(texts, backend) for texts in requests))
+            await backend.entered.wait()
+            # A flight is held at the backend, and every request has claimed or joined its texts already.
+            assert set(cache._inflight) == {key_of(backend, t) for t in distinct}
+            backend.release.set()
+            results = await running
             counts = Counter(backend.encoded)
-            distinct = {t for texts in requests for t in texts}
             assert set(counts) == distinct and set(counts.values()) == {1}
             assert sum(r.misses for r in results) == len(distinct)
             assert sum(r.coalesced for r in results) > 0
@@ -340,6 +352,7 @@ def test_concurrent_requests_encode_each_distinct_text_once(redis_url, tmp_path)
                 assert np.array_equal(result.vectors, np.stack([served_vector(t) for t in texts]))
             assert cache._inflight == {}  # nothing left behind
         finally:
+            backend.release.set()  # a failed assertion must not leave a flight held
             await cache.aclose()
 
     asyncio.run(body())
@@ -348,15 +361,20 @@ def test_concurrent_requests_encode_each_distinct_text_once(redis_url, tmp_path)
 def test_a_failed_flight_fails_every_waiter_and_is_not_cached(redis_url, tmp_path):
     async def body():
         cache = make_cache(redis_url, tmp_path)
-        backend = RecordingBackend(delay_s=0.05, fail_on=frozenset({"doomed"}))
+        backend = RecordingBackend(held=True, fail_on=frozenset({"doomed"}))
         try:
-            outcomes = await asyncio.gather(*(cache.get_or_encode(["doomed"], backend) for _ in range(5)),
-                                            return_exceptions=True)
+            running = asyncio.gather(*(cache.get_or_encode(["doomed"], backend) for _ in range(5)),
+                                     return_exceptions=True)
+            await backend.entered.wait()
+            assert not running.done() and backend.batches == [["doomed"]]  # five callers wait on one flight
+            backend.release.set()
+            outcomes = await running
             assert all(isinstance(o, EncoderError) for o in outcomes)
             assert backend.encoded == ["doomed"]
             assert await entries_in_both_tiers(cache, backend, ["doomed"]) == (set(), set())
             assert cache._inflight == {}
         finally:
+            backend.release.set()  # a failed assertion must not leave a flight held
             await cache.aclose()
 
     asyncio.run(body())
@@ -364,13 +382,15 @@ def test_a_failed_flight_fails_every_waiter_and_is_not_cached(redis_url, tmp_pat
 
 def test_a_cancelled_caller_does_not_cancel_the_flight_others_wait_on(redis_url, tmp_path):
     async def body():
-        cache, backend = make_cache(redis_url, tmp_path), RecordingBackend(delay_s=0.2)
+        cache, backend = make_cache(redis_url, tmp_path), RecordingBackend(held=True)
         try:
             owner = asyncio.ensure_future(cache.get_or_encode(["slow"], backend))
-            await asyncio.sleep(0.05)  # the owner's flight is at the backend now
+            await backend.entered.wait()  # the owner's flight is at the backend now, and stays there
             joiner = asyncio.ensure_future(cache.get_or_encode(["slow"], backend))
-            await asyncio.sleep(0.01)
             owner.cancel()
+            await asyncio.wait([owner])  # the joiner's first step (joining the flight) ran before this
+            assert owner.cancelled() and not joiner.done()
+            backend.release.set()
             result = await joiner
             assert result.coalesced == 1 and np.array_equal(result.vectors[0], served_vector("slow"))
             assert backend.encoded == ["slow"]
@@ -379,6 +399,7 @@ def test_a_cancelled_caller_does_not_cancel_the_flight_others_wait_on(redis_url,
             assert (await reopened.get_or_encode(["slow"], backend)).redis_hits == 1
             await reopened.aclose()
         finally:
+            backend.release.set()  # a failed assertion must not leave a flight held
             await cache.aclose()
 
     asyncio.run(body())

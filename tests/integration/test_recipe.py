@@ -358,19 +358,29 @@ def test_a_job_starting_while_the_embedder_is_down_waits_for_it(tiny_encoder, tm
     with pytest.raises(EmbedderUnreachable):
         fetch_remote_identity(url, timeout_s=2, retry_seconds=0)
     started = {}
-
-    def start_later() -> None:
-        started["service"] = start_embedder(tmp_path / "logs", cache_dir=tmp_path / "cache", model=str(tiny_encoder),
-                                            port=port, extra_env={"CLM_EMBEDDER_POOLING": "last"})
-
-    thread = threading.Thread(target=start_later)
-    thread.start()
     notices: list[str] = []
+    first_retry = threading.Event()
+
+    def on_retry(notice: str) -> None:
+        notices.append(notice)
+        first_retry.set()
+
+    def start_after_the_first_retry() -> None:
+        # The embedder comes up only once the lookup has met it down and said it will retry.
+        if first_retry.wait(timeout=120):
+            started["service"] = start_embedder(tmp_path / "logs", cache_dir=tmp_path / "cache",
+                                                model=str(tiny_encoder), port=port,
+                                                extra_env={"CLM_EMBEDDER_POOLING": "last"})
+
+    thread = threading.Thread(target=start_after_the_first_retry)
+    thread.start()
     try:
-        fingerprint, dim = fetch_remote_identity(url, timeout_s=2, retry_seconds=120, on_retry=notices.append)
+        fingerprint, dim = fetch_remote_identity(url, timeout_s=2, retry_seconds=120, on_retry=on_retry)
     finally:
+        first_retry.set()  # never leave the thread waiting, whatever the lookup did
         thread.join(timeout=180)
         if "service" in started:
             started["service"].stop()
     assert dim == 128 and fingerprint.pooling == "last"
     assert notices and "embedder unavailable" in notices[0]
+    assert "service" in started  # the identity came from the embedder started after the first retry

@@ -92,25 +92,36 @@ def test_a_refused_input_is_named(vllm_server, tiny_qwen3_dir):
 
 
 def test_killed_server_gives_encoder_error_then_recovers_after_restart(vllm_server, tiny_qwen3_dir):
-    texts = varied_texts(3000, seed=2)  # about 15 s of work: certainly in flight at the kill
+    # Far more work than vLLM does before the test stops it; what makes the kill land mid-request is
+    # not its size but the order below: vLLM is seen computing the request, then frozen, then killed.
+    texts = varied_texts(20_000, seed=2)
 
     async def encode_while_killing() -> None:
         remote = client(vllm_server, tiny_qwen3_dir, max_batch_texts=64, max_concurrency=2,
                         retry_attempts=3, retry_initial_s=0.1, retry_max_s=0.5)
         try:
+            finished_before = await asyncio.to_thread(vllm_server.prompts_finished)
             request = asyncio.create_task(remote.encode(texts))
-            await asyncio.sleep(1.5)
-            assert not request.done()
-            await asyncio.to_thread(vllm_server.kill)
+            # vLLM has finished some of this request's prompts: the request is at the server now.
+            finished = await asyncio.to_thread(vllm_server.wait_prompts_finished, finished_before)
+            vllm_server.pause()  # frozen: nothing it has not answered yet can be answered any more
+            try:
+                assert not request.done(), "the request finished before the kill"
+                assert finished - finished_before < len(texts)
+            finally:
+                await asyncio.to_thread(vllm_server.kill)
             with pytest.raises(EncoderError, match="failed 3 attempts"):
                 await request
             assert not await remote.health()
         finally:
             await remote.aclose()
 
-    asyncio.run(encode_while_killing())
+    try:
+        asyncio.run(encode_while_killing())
+    finally:
+        if not vllm_server.alive():  # the session's other tests need it, whatever failed here
+            vllm_server.restart(timeout_s=300)
 
-    vllm_server.restart(timeout_s=300)
     probe = varied_texts(5, seed=3)
     remote = client(vllm_server, tiny_qwen3_dir)
 

@@ -7,13 +7,16 @@ The trainer stack itself is ``support.trainer.TrainerStack``.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +38,7 @@ from support.trainer import (
 
 __all__ = ["TOKEN", "TrainerStack", "is_terminal", "wait_job", "RestartableRedis", "Embedder", "Serve",
            "events", "submit", "job_config", "SizeLimitedMount", "wait_event", "backend_texts_encoded",
-           "wait_epoch_checkpointed"]
+           "wait_epoch_checkpointed", "HeldVLLM"]
 
 QUIET_ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1",
              "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -253,3 +256,67 @@ def backend_texts_encoded(embedder_url: str) -> int:
 
 def wait_for(predicate, timeout: float, what: str) -> None:
     wait_until(predicate, timeout=timeout, interval=0.1, what=what)
+
+
+class HeldVLLM:
+    """A stand-in for a vLLM pooling server that holds every embeddings request until the test says so.
+
+    For tests that need a request to be in flight for exactly as long as they look at it (an embedder
+    with ``backend=vllm`` pointed at ``url``): ``GET /health`` answers at once; ``POST /v1/embeddings``
+    counts the request (``arrived`` is set at the first), waits for ``release``, then answers unit
+    vectors of width ``dim`` the way vLLM does (base64 little-endian float32, ``usage.prompt_tokens``).
+    """
+
+    def __init__(self, dim: int) -> None:
+        self.dim = dim
+        self.arrived = threading.Event()
+        self.release = threading.Event()
+        self.requests = 0
+        held = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:  # quiet
+                pass
+
+            def do_GET(self) -> None:
+                self._answer(200 if self.path == "/health" else 404, {})
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
+                if self.path != "/v1/embeddings":
+                    return self._answer(404, {})
+                held.requests += 1
+                held.arrived.set()
+                held.release.wait()
+                inputs = body.get("input") or []
+                inputs = [inputs] if isinstance(inputs, str) else inputs
+                row = b"\0\0\x80\x3f" + b"\0" * 4 * (held.dim - 1)  # (1, 0, ..., 0) as <f4
+                data = [{"object": "embedding", "index": i, "embedding": base64.b64encode(row).decode()}
+                        for i in range(len(inputs))]
+                self._answer(200, {"object": "list", "data": data,
+                                   "usage": {"prompt_tokens": len(inputs), "total_tokens": len(inputs)}})
+
+            def _answer(self, status: int, payload: dict) -> None:
+                raw = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self.release.set()  # nothing stays held
+        self._server.shutdown()
+        self._server.server_close()
+
+    def __enter__(self) -> "HeldVLLM":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()

@@ -167,8 +167,9 @@ def test_callers_that_leave_are_not_encoded_and_the_batcher_keeps_serving(local)
     async def run():
         encoder = CoalescingEncoder(counting, window_ms=50)
         leaving = asyncio.create_task(encoder.encode(["a caller that leaves"]))
-        await asyncio.sleep(0.005)
-        leaving.cancel()
+        while not encoder._waiting_items:  # wait until it is queued in the batcher's window ...
+            await asyncio.sleep(0)
+        leaving.cancel()  # ... and leave before any await: the window cannot have closed meanwhile
         await asyncio.gather(leaving, return_exceptions=True)
         staying = await encoder.encode(["a caller that stays"])
         await encoder.close()
