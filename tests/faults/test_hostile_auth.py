@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import json
 import re
-import time
 
 import httpx
 import pytest
 import redis
 
-from clm_devtools.procs import start_redis
+from clm_devtools.procs import start_redis, wait_for_log
 
 from support.serve import start_serve_with_heads
 from support.trainer import TrainerStack, is_terminal, recipe_config, wait_job, write_data
@@ -164,7 +163,10 @@ def test_tokens_never_appear_in_logs_jobs_events_or_files(fault_report, services
     assert reload.status_code == 200, reload.text
     texts["serve /v1/heads"] = httpx.get(f"{serve.url}/v1/heads", timeout=10).text
     texts["serve /metrics"] = httpx.get(f"{serve.url}/metrics", timeout=10).text
-    time.sleep(0.5)  # let the logs flush
+    # Read the logs once each process has logged the last thing it did here: everything before it is in.
+    wait_for_log(trainer.api, f'GET /jobs/{job_id}/report?format=html HTTP/1.1" 200')
+    wait_for_log(trainer.workers["auth-worker"], f"job {job_id}: succeeded")
+    wait_for_log(serve.process, 'GET /metrics HTTP/1.1" 200')
 
     logs = sorted(p for p in root.rglob("*.log") if p.is_file())
     files = [p for p in root.rglob("*") if p.is_file() and p.suffix in {".json", ".jsonl", ".log", ".html", ".pt",

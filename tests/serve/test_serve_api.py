@@ -194,13 +194,16 @@ async def test_a_single_checkpoint_is_served_without_watching(tmp_path, tiny_mod
     bare.parent.mkdir()
     shutil.copy(published.path / "heads.pt", bare)
     settings = serve_settings(tmp_path, tiny_model_dir, ckpt=bare)
-    async with serve_in_process(settings, tiny_encoder) as (client, _):
+    async with serve_in_process(settings, tiny_encoder) as (client, app):
         response = await client.post("/v1/systemone", json=TRIAGE_REQUEST)
         assert response.headers["X-CLM-Heads-Version"] == f"sha256:{published.sha256[:12]}"
         heads = (await client.get("/v1/heads")).json()
         assert heads["mode"] == "single" and heads["path"] == str(bare) and heads["metrics"]["seed"] == 5
         publish(settings.checkpoint_root, 1, fingerprint)  # ignored: this mode does not follow `latest`
-        await asyncio.sleep(0.5)
+        # What the poller and the file watcher run when `latest` moves, run now rather than waited for: the
+        # target is still the fixed checkpoint, so nothing is loaded.
+        outcome = await app.state.runtime.manager.reload("poll")
+        assert outcome.status == "unchanged" and outcome.target == str(bare), outcome
         assert (await client.get("/v1/heads")).json()["sha256"] == published.sha256
 
 

@@ -178,8 +178,11 @@ async def _scenario(url: str, root: Path, fingerprint, marker: Path):
                     return True
                 return False
 
+            def answers_by(version: str) -> int:
+                return sum(1 for answers in responses.values() for v, _, _ in answers if v == version)
+
             async def answered_by(version: str, count: int = 3) -> bool:
-                return sum(1 for answers in responses.values() for v, _, _ in answers if v == version) >= count
+                return answers_by(version) >= count
 
             await until(lambda: answered_by("v0001", 16), "traffic on v0001")
             for good, broken, seed in (("v0002", "nan", 2), ("v0004", "truncated", 4), ("v0006", "code", 6)):
@@ -188,7 +191,8 @@ async def _scenario(url: str, root: Path, fingerprint, marker: Path):
                 await until(lambda: answered_by(good, 16), f"traffic on {good}")
                 label = _publish_broken(root, broken, fingerprint, marker)
                 await until(lambda: refused(label), f"refusal of {label}")
-                await asyncio.sleep(0.3)  # traffic continues on the good version meanwhile
+                refused_at = answers_by(good)  # traffic continues on the good version after the refusal
+                await until(lambda: answered_by(good, refused_at + 16), f"traffic on {good} after {label}'s refusal")
             metrics = (await admin.get("/metrics")).text
     finally:
         stop.set()

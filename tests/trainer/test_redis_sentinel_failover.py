@@ -20,7 +20,7 @@ from clm.cache.redis_tier import RedisTier, TierUnavailable
 from clm_devtools.procs import free_port
 
 from support.sentinel import SentinelSetup, start_sentinel_setup
-from support.trainer import TrainerStack, is_terminal, recipe_config, wait_job
+from support.trainer import TrainerStack, is_terminal, recipe_config, wait_job, wait_metric
 from test_trainer_worker_metrics import sample
 
 
@@ -47,27 +47,33 @@ def test_a_running_job_rides_through_a_sentinel_failover(sentinel_setup, stack_r
 
     for _ in stack.started(workers=("w-failover",)):
         with stack.client() as client:
-            # Long enough (a few seconds of training here) that the primary dies under a running job.
-            running = submit(client, "failover-running", epochs=30)
-            wait_job(client, running, lambda j: j.get("phase") == "training", 300, stack, "training to start")
-            setup.wait_replicated()  # the claim and the lease are on the replica (replication is asynchronous)
-            killed = time.monotonic()
-            setup.primary.kill()
-            promoted = setup.wait_failover()
-            promoted_s = time.monotonic() - killed
-            while True:  # the jobs API meets the same failover: 503 with Retry-After until a primary answers
-                answer = client.get(f"/jobs/{running}")
-                if answer.status_code == 200:
-                    break
-                assert answer.status_code == 503 and answer.headers.get("retry-after"), answer.text
-                assert time.monotonic() - killed < 60, f"the API did not come back: {answer.text}\n{stack.logs()}"
-                time.sleep(0.1)
-            api_back_s = time.monotonic() - killed
+            # The job cannot end before the gate is released, after the failover: the primary dies under a
+            # running job whatever the speed of its epochs (it may be training still, or waiting to publish).
+            running, gate = stack.submit_held(client, recipe_config(tiny_qwen3_dir, epochs=30,
+                                                                    name="failover-running"))
+            with gate:
+                wait_job(client, running, lambda j: j.get("phase") == "training", 300, stack, "training to start")
+                setup.wait_replicated()  # the claim and the lease are on the replica (replication is asynchronous)
+                killed = time.monotonic()
+                setup.primary.kill()
+                promoted = setup.wait_failover()
+                promoted_s = time.monotonic() - killed
+                while True:  # the jobs API meets the same failover: 503 with Retry-After until a primary answers
+                    answer = client.get(f"/jobs/{running}")
+                    if answer.status_code == 200:
+                        break
+                    assert answer.status_code == 503 and answer.headers.get("retry-after"), answer.text
+                    assert time.monotonic() - killed < 60, f"the API did not come back: {answer.text}\n{stack.logs()}"
+                    time.sleep(0.1)
+                api_back_s = time.monotonic() - killed
+                assert answer.json()["status"] == "running", answer.json()
             first = wait_job(client, running, is_terminal, 300, stack, "the running job to end")
             # A job submitted after the failover is queued, claimed and run on the promoted replica alone.
             after = submit(client, "failover-after", epochs=2)
             second = wait_job(client, after, is_terminal, 300, stack, "the job submitted after the failover to end")
-        metrics = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
+        # The worker counts a job once its finish is stored: wait for that count, not for the job.
+        metrics = wait_metric(f"http://127.0.0.1:{metrics_port}/metrics", "clm_trainer_worker_jobs_total",
+                              '{outcome="succeeded"}', lambda jobs: jobs >= 2, 30, "both jobs counted")
     print(f"failover: replica promoted {promoted_s:.1f} s after the primary died; "
           f"jobs API answering again after {api_back_s:.1f} s")
     assert first["status"] == "succeeded", (first, stack.logs())

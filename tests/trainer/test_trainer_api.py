@@ -8,6 +8,8 @@ import os
 import httpx
 import pytest
 
+from clm_devtools.procs import wait_for_log, wait_until
+
 from support.trainer import TOKEN, TrainerStack, recipe_config
 
 
@@ -60,8 +62,9 @@ def test_mutating_routes_need_the_bearer_token(stack, client, route):
 def test_the_token_never_appears_in_jobs_events_or_logs(client, stack):
     job_id = submit(client).json()["id"]
     client.post(f"/jobs/{job_id}/cancel")
-    texts = [client.get(f"/jobs/{job_id}").text, client.get("/jobs").text, client.get(f"/jobs/{job_id}/events").text,
-             stack.api.log_tail(200_000)]
+    texts = [client.get(f"/jobs/{job_id}").text, client.get("/jobs").text, client.get(f"/jobs/{job_id}/events").text]
+    wait_for_log(stack.api, f'GET /jobs/{job_id}/events HTTP/1.1" 200')  # the log has every request above
+    texts.append(stack.api.log_tail(200_000))
     assert not any(TOKEN in text for text in texts)
 
 
@@ -197,6 +200,9 @@ def test_health_and_metrics(client):
     not_found = 'trainer_requests_total{status="404"}'
     before = _sample(metrics, not_found)
     assert client.get("/jobs/job-ffffffffffffffffffffffff").status_code == 404
+    # Counted once the answer has gone out: waited for, then checked to be exactly one.
+    wait_until(lambda: _sample(client.get("/metrics").text, not_found) >= before + 1, timeout=30,
+               what="the 404 counted")
     assert _sample(client.get("/metrics").text, not_found) == before + 1
 
 

@@ -20,7 +20,15 @@ from clm.recipes.embedding import RetryPolicy, encode_with_retry
 from clm_trainer.worker import classify
 
 from support.faults import Embedder, stop_all
-from support.trainer import TrainerStack, is_terminal, recipe_config, wait_event, wait_job, write_data
+from support.trainer import (
+    EmbedderGate,
+    TrainerStack,
+    is_terminal,
+    recipe_config,
+    wait_event,
+    wait_job,
+    write_data,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -57,14 +65,14 @@ def test_embedder_swapped_mid_job_fails_with_encoder_changed(tmp_path, tiny_qwen
 
 def test_a_job_whose_embedder_changes_model_fails_with_encoder_changed_and_writes_no_table(
         stack_root, redis_url, tiny_qwen3_dir, tmp_path):
-    """The whole path: API, worker, recipe. The embedder holds each request for 3 s (coalescing window), so
-    the job is mid-embedding when the embedder comes back with another model."""
+    """The whole path: API, worker, recipe. The job embeds through a gate that holds its embedding requests,
+    so it is mid-embedding (asked, no answer yet) when the embedder comes back with another model."""
     other = build_tiny_qwen3(REPO_ROOT / "var" / "models" / "tiny-qwen3-seed1", TinyQwen3Spec(seed=1))
     write_data(stack_root / "data", train=30, validation=15, test=10, prefix="swap-", skip=100)
-    embedder = Embedder(stack_root / "logs", tmp_path / "embedder-cache", model=tiny_qwen3_dir,
-                        extra_env={"CLM_EMBEDDER_COALESCE_WINDOW_MS": "3000"})
+    embedder = Embedder(stack_root / "logs", tmp_path / "embedder-cache", model=tiny_qwen3_dir)
+    gate = EmbedderGate(embedder.url)
     stack = TrainerStack(stack_root, redis_url, tiny_qwen3_dir.parent,
-                         extra_env={"CLM_TRAINER_EMBEDDER_URL": embedder.url, "CLM_TRAINER_WORKER_METRICS_PORT": "0"})
+                         extra_env={"CLM_TRAINER_EMBEDDER_URL": gate.url, "CLM_TRAINER_WORKER_METRICS_PORT": "0"})
     try:
         embedder.start()
         digest_a = httpx.get(f"{embedder.url}/v1/encoder", timeout=10).json()["digest"]
@@ -72,14 +80,18 @@ def test_a_job_whose_embedder_changes_model_fails_with_encoder_changed_and_write
             config = recipe_config(epochs=1, name="soc-swap", backend="embedder", data_prefix="swap-")
             config["encoder"]["retry_seconds"] = 120  # the restart's downtime is waited for, as an outage
             with stack.client() as client:
+                gate.hold(after=0)  # the identity passes; every embedding request waits
                 response = client.post("/jobs", json={"config": config})
                 assert response.status_code == 201, response.text
                 job_id = response.json()["id"]
+                gate.wait_held(1, 120, "(the job's first embedding request)")
+                assert gate.answered == 0
                 wait_event(client, job_id, lambda e: e.get("phase") == "embedding", 120, "embedding started", stack)
                 embedder.stop()
                 embedder.env["CLM_EMBEDDER_MODEL"] = str(other)
                 embedder.start()
                 digest_b = httpx.get(f"{embedder.url}/v1/encoder", timeout=10).json()["digest"]
+                gate.release()  # the held requests reach the other model
                 job = wait_job(client, job_id, is_terminal, 240, stack, "the job to end")
             assert job["status"] == "failed", job
             assert job["error"]["code"] == "encoder_changed", job["error"]
@@ -88,4 +100,5 @@ def test_a_job_whose_embedder_changes_model_fails_with_encoder_changed_and_write
         written = [p.name for p in tables.iterdir() if not p.name.startswith(".")] if tables.exists() else []
         assert written == [], f"a table was written from a changed encoder: {written}"
     finally:
+        gate.close()
         stop_all(embedder)

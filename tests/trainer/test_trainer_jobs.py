@@ -21,6 +21,7 @@ from clm_devtools.procs import ManagedProcess, free_port, start_redis, wait_http
 
 from support.trainer import (
     TOKEN,
+    PublishGate,
     TrainerStack,
     is_terminal,
     recipe_config,
@@ -125,13 +126,14 @@ def test_a_job_embeds_through_the_embedder_service(stack):
 def test_a_sigkilled_worker_job_completes_once_on_the_other_worker(stack, local_config):
     config = local_config(epochs=40, name="soc-e2e")
     with stack.client() as client:
-        job_id = submit(client, config)
+        job_id, gate = stack.submit_held(client, config)  # it cannot end before the kill, however fast it runs
         streamed: list[dict] = []
         follower = follow_events(stack, job_id, streamed)
-        running = wait_epoch_checkpointed(client, job_id, 1, 240, stack)  # what resumed_from_epoch >= 1 needs
-        assert running["status"] == "running", running
-        victim = running["worker"]
-        stack.workers[victim].kill()  # SIGKILL: no heartbeat, no cleanup, no release
+        with gate:
+            running = wait_epoch_checkpointed(client, job_id, 1, 240, stack)  # what resumed_from_epoch >= 1 needs
+            assert running["status"] == "running", running
+            victim = running["worker"]
+            stack.workers[victim].kill()  # SIGKILL: no heartbeat, no cleanup, no release
         job = wait_job(client, job_id, is_terminal, 300, stack, "the job to finish on the other worker")
         stack.start_worker(f"{victim}-restarted")
 
@@ -167,10 +169,11 @@ def test_a_sigkilled_worker_job_completes_once_on_the_other_worker(stack, local_
 def test_cancel_stops_a_running_job_within_seconds(stack, local_config):
     config = local_config(epochs=5000, name="soc-cancel")
     with stack.client() as client:
-        job_id = submit(client, config)
-        wait_job(client, job_id, lambda j: j["phase"] == "training", 240, stack, "training to start")
-        asked = time.monotonic()
-        assert client.post(f"/jobs/{job_id}/cancel").json()["cancel_requested"] is True
+        job_id, gate = stack.submit_held(client, config)  # still running when the cancel comes, whatever its speed
+        with gate:
+            wait_job(client, job_id, lambda j: j["phase"] == "training", 240, stack, "training to start")
+            asked = time.monotonic()
+            assert client.post(f"/jobs/{job_id}/cancel").json()["cancel_requested"] is True
         job = wait_job(client, job_id, is_terminal, 30, stack, "the job to stop")
         assert job["status"] == "cancelled" and time.monotonic() - asked < 10
         assert job["progress"]["epoch"] < 5000
@@ -182,19 +185,25 @@ def test_cancel_stops_a_running_job_within_seconds(stack, local_config):
 def test_sigterm_hands_the_running_job_back_at_once(stack, local_config):
     config = local_config(epochs=400, name="soc-sigterm")
     with stack.client() as client:
-        job_id = submit(client, config)
+        job_id, gate = stack.submit_held(client, config)  # running when SIGTERM comes, whatever its speed
         running = wait_job(client, job_id, lambda j: j["phase"] == "training" and j["status"] == "running", 240,
                            stack, "training to start")
         stopped = running["worker"]
-        stack.workers[stopped].stop()  # SIGTERM: stop at the next step, release the job
-        assert stack.workers[stopped].popen.returncode == 0
+        others = [name for name in stack.workers if name != stopped]
+        with stack.workers_paused(others):  # no other worker takes the job before the gate is back
+            worker = stack.workers[stopped]
+            worker.signal(signal.SIGTERM)  # stop at the next step, release the job
+            gate.release()  # had it reached its publish step, it sees the shutdown right after the lock
+            assert worker.popen.wait(timeout=60) == 0
+            gate = PublishGate(stack.work_root, job_id)  # nor can the next worker finish it before the cancel
         released = [json.loads(line) for line in client.get(f"/jobs/{job_id}/events").text.splitlines()
                     if json.loads(line)["type"] == "released"]
         assert len(released) == 1
-        job = wait_job(client, job_id, lambda j: j["status"] == "running" and j["worker"] != stopped, 30, stack,
-                       "another worker to take the job over without waiting for the lease")
-        assert job["attempts"] == 1  # a graceful hand-back is not a lost worker
-        client.post(f"/jobs/{job_id}/cancel")
+        with gate:
+            job = wait_job(client, job_id, lambda j: j["status"] == "running" and j["worker"] != stopped, 30,
+                           stack, "another worker to take the job over without waiting for the lease")
+            assert job["attempts"] == 1  # a graceful hand-back is not a lost worker
+            client.post(f"/jobs/{job_id}/cancel")
         assert wait_job(client, job_id, is_terminal, 30, stack, "cancel")["status"] == "cancelled"
         stack.start_worker(f"{stopped}-restarted")
 
@@ -218,21 +227,25 @@ def test_a_redis_crash_loses_no_queued_or_running_job(stack, redis_aof, local_co
     for name in [n for n, w in stack.workers.items() if w.alive()][1:]:
         stack.workers[name].stop()
     with stack.client() as client:
-        running_id = submit(client, local_config(epochs=60, name="soc-aof-1"))
+        # The first job cannot end before the gate is released, after the crash: it is running throughout,
+        # and the one worker is busy with it, so the second stays queued.
+        running_id, gate = stack.submit_held(client, local_config(epochs=60, name="soc-aof-1"))
         queued_id = submit(client, local_config(epochs=3, name="soc-aof-2"))
-        wait_job(client, running_id, lambda j: j["phase"] == "training", 240, stack, "training to start")
-        assert client.get(f"/jobs/{queued_id}").json()["status"] == "queued"
+        with gate:
+            wait_job(client, running_id, lambda j: j["phase"] == "training", 240, stack, "training to start")
+            assert client.get(f"/jobs/{queued_id}").json()["status"] == "queued"
 
-        # While Redis is unresponsive, then gone, the API answers 503 at once (short timeouts), never hangs.
-        redis_aof.process.signal(signal.SIGSTOP)
-        try:
+            # While Redis is unresponsive, then gone, the API answers 503 at once (short timeouts), never hangs.
+            redis_aof.process.signal(signal.SIGSTOP)
+            try:
+                assert_unavailable(client)
+            finally:
+                redis_aof.process.signal(signal.SIGCONT)
+            redis_aof.crash()
             assert_unavailable(client)
-        finally:
-            redis_aof.process.signal(signal.SIGCONT)
-        redis_aof.crash()
-        assert_unavailable(client)
-        redis_aof.restart()
-        assert client.get("/health").status_code == 200
+            redis_aof.restart()
+            assert client.get("/health").status_code == 200
+            assert client.get(f"/jobs/{running_id}").json()["status"] in ("running", "queued")  # not lost
         for job_id, name in ((running_id, "soc-aof-1"), (queued_id, "soc-aof-2")):
             job = wait_job(client, job_id, is_terminal, 300, stack, f"{job_id} to finish after the Redis crash")
             assert job["status"] == "succeeded", job

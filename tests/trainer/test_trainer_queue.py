@@ -57,6 +57,28 @@ def events(queue: JobQueue, job_id: str) -> list[str]:
     return [json.loads(f["data"])["type"] for _, f in queue.client.xrange(queue.keys.events(job_id))]
 
 
+def redis_now_ms(queue: JobQueue) -> int:
+    """Redis' own clock, in ms: the clock the Lua scripts set and compare lease expiries with."""
+    seconds, micros = queue.client.time()
+    return seconds * 1000 + micros // 1000
+
+
+def lease_expiry(queue: JobQueue, job_id: str) -> int:
+    score = queue.client.zscore(queue.keys.leases, job_id)
+    assert score is not None, f"{job_id} holds no lease"
+    return int(score)
+
+
+def wait_lease_expired(queue: JobQueue, job_id: str, timeout: float = 30) -> None:
+    """Until Redis' clock has passed the job's lease expiry: from then on REAP takes it (its own condition,
+    ``score <= TIME``), however long the test took to get here."""
+    expiry = lease_expiry(queue, job_id)
+    deadline = time.monotonic() + timeout
+    while redis_now_ms(queue) < expiry:
+        assert time.monotonic() < deadline, f"Redis' clock never passed the lease expiry {expiry}"
+        time.sleep(0.02)
+
+
 def test_claim_is_fifo_and_fenced(settings, queue):
     first, second = submit(settings), submit(settings)
     a = queue.claim("w1")
@@ -79,12 +101,12 @@ def test_claim_is_fifo_and_fenced(settings, queue):
 def test_expired_lease_requeues_then_fails_after_max_attempts(settings, queue):
     job_id = submit(settings)
     first = queue.claim("w1")
-    time.sleep(0.7)
+    wait_lease_expired(queue, job_id)
     assert queue.reap() == [(job_id, "requeued")]
     assert queue.heartbeat(first) == 0 and not queue.finish(first, "succeeded")  # the zombie is fenced out
     second = queue.claim("w2")
     assert second.job_id == job_id and second.attempt == 2
-    time.sleep(0.7)
+    wait_lease_expired(queue, job_id)
     assert queue.reap() == [(job_id, "failed")]
     record = job(queue, job_id)
     assert record["status"] == "failed"
@@ -94,12 +116,26 @@ def test_expired_lease_requeues_then_fails_after_max_attempts(settings, queue):
 
 
 def test_heartbeat_keeps_the_lease_and_reports_cancel(settings, queue):
+    # A 2 s lease: the one gap that must stay inside it is a heartbeat and the reap right after it.
+    settings = settings.model_copy(update={"lease_seconds": 2.0})
+    queue = JobQueue(queue.client, settings)
     job_id = submit(settings)
     claim = queue.claim("w1")
-    for _ in range(4):
-        time.sleep(0.2)
+    claimed_lease = lease_expiry(queue, job_id)
+    renewals = 0
+    # Renew until Redis' clock is past the lease the claim took: without the renewals REAP would take it.
+    while True:
+        before = redis_now_ms(queue)
         assert queue.heartbeat(claim) == 1
+        after = redis_now_ms(queue)
+        renewals += 1
+        # Renewed to "now + lease" on Redis' clock (the script's now lies between the two reads).
+        assert before + 2000 <= lease_expiry(queue, job_id) <= after + 2000
         assert queue.reap() == []
+        if before > claimed_lease:
+            break
+        time.sleep(0.2)
+    assert renewals >= 2 and job(queue, job_id)["status"] == "running"
 
     assert cancel(settings, job_id) == "requested"
     assert queue.heartbeat(claim) == 2
@@ -119,7 +155,7 @@ def test_lost_worker_with_cancel_requested_ends_cancelled(settings, queue):
     job_id = submit(settings)
     queue.claim("w1")
     queue.client.hset(queue.keys.job(job_id), "cancel_requested", "1")
-    time.sleep(0.7)
+    wait_lease_expired(queue, job_id)
     assert queue.reap() == [(job_id, "cancelled")]
 
 

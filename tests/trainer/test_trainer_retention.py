@@ -1,5 +1,9 @@
 """Finished jobs and their events expire after ``job_retention_s`` (TTLs set by the Lua script that finishes
-the job, atomically); running and queued jobs never expire. Real Redis, a 1-second retention."""
+the job, atomically); running and queued jobs never expire. Real Redis.
+
+Two parts, so that no check races the retention it checks: with an hour's retention, every terminal
+transition sets exactly that TTL and the finished jobs stay listed; with a 1-second one, the finished jobs
+and their events then really expire, and the listing drops their ids."""
 
 from __future__ import annotations
 
@@ -12,13 +16,12 @@ from clm_trainer.queue import JobQueue
 from clm_trainer.settings import TrainerSettings
 from clm_trainer.store import JobStore
 
-from test_trainer_queue import submit
+from test_trainer_queue import redis_now_ms, submit, wait_lease_expired
 
 
-@pytest.fixture()
-def settings(redis_url, tmp_path) -> TrainerSettings:
+def make_settings(redis_url, tmp_path, retention_s: int) -> TrainerSettings:
     return TrainerSettings(redis_url=redis_url, lease_seconds=0.5, heartbeat_seconds=0.1, cancel_poll_seconds=0.1,
-                           max_attempts=1, work_root=tmp_path / "work", job_retention_s=1)
+                           max_attempts=1, work_root=tmp_path / "work", job_retention_s=retention_s)
 
 
 def listed(settings: TrainerSettings) -> list[str]:
@@ -33,37 +36,73 @@ def listed(settings: TrainerSettings) -> list[str]:
     return asyncio.run(go())
 
 
-def test_every_terminal_transition_sets_the_retention_and_the_job_then_expires(settings):
-    queue = JobQueue.connect(settings)
-    ttl = lambda job_id: (queue.client.ttl(queue.keys.job(job_id)), queue.client.ttl(queue.keys.events(job_id)))
-
-    finished = submit(settings)
-    claim = queue.claim("w1")
-    assert ttl(finished) == (-1, -1)  # running: no TTL
-    assert queue.finish(claim, "succeeded", result={"accuracy": 0.9})
-    assert ttl(finished) == (1, 1)
-
-    lost = submit(settings)  # its worker dies: the reaper fails it (max_attempts=1)
-    queue.claim("w2")
-    time.sleep(0.7)
-    assert (lost, "failed") in queue.reap()
-    assert ttl(lost) == (1, 1)
-
-    async def cancel(job_id: str) -> str:
+def cancel(settings: TrainerSettings, job_id: str) -> str:
+    async def go() -> str:
         store = JobStore.connect(settings)
         try:
             return await store.cancel(job_id)
         finally:
             await store.close()
 
-    dequeued = submit(settings)
-    waiting = submit(settings)
-    assert asyncio.run(cancel(dequeued)) == "dequeued"
-    assert ttl(dequeued) == (1, 1) and ttl(waiting) == (-1, -1)
+    return asyncio.run(go())
 
-    assert set(listed(settings)) == {finished, lost, dequeued, waiting}
-    time.sleep(2.2)
-    for job_id in (finished, lost, dequeued):
-        assert not queue.client.exists(queue.keys.job(job_id), queue.keys.events(job_id))
-    assert listed(settings) == [waiting]  # the listing drops expired ids from its index
-    assert queue.client.zrange(queue.keys.jobs, 0, -1) == [waiting]
+
+def finish_every_way(settings: TrainerSettings, queue: JobQueue, transition) -> dict[str, str]:
+    """One job per terminal transition (succeeded, failed by the reaper, cancelled while queued) plus one left
+    queued; ``transition(job_id, step)`` runs each terminal step. Returns {role: job id}."""
+    jobs = {"finished": submit(settings)}
+    claim = queue.claim("w1")
+    transition(jobs["finished"], lambda: queue.finish(claim, "succeeded", result={"accuracy": 0.9}))
+
+    jobs["lost"] = submit(settings)  # its worker dies: the reaper fails it (max_attempts=1)
+    queue.claim("w2")
+    wait_lease_expired(queue, jobs["lost"])
+    transition(jobs["lost"], lambda: (jobs["lost"], "failed") in queue.reap())
+
+    jobs["dequeued"] = submit(settings)
+    jobs["waiting"] = submit(settings)
+    transition(jobs["dequeued"], lambda: cancel(settings, jobs["dequeued"]) == "dequeued")
+    return jobs
+
+
+def test_every_terminal_transition_sets_the_retention_and_finished_jobs_stay_listed(redis_url, tmp_path):
+    retention_s = 3600
+    settings = make_settings(redis_url, tmp_path, retention_s)
+    queue = JobQueue.connect(settings)
+
+    def ttl(job_id: str) -> tuple[int, int]:
+        return queue.client.ttl(queue.keys.job(job_id)), queue.client.ttl(queue.keys.events(job_id))
+
+    def expires_at(job_id: str) -> list[int]:
+        return [queue.client.pexpiretime(key) for key in (queue.keys.job(job_id), queue.keys.events(job_id))]
+
+    def transition(job_id: str, step) -> None:
+        assert ttl(job_id) == (-1, -1)  # queued or running: no TTL
+        before = redis_now_ms(queue)
+        assert step()
+        after = redis_now_ms(queue)
+        # The script set the retention on Redis' clock, between the two reads (EXPIRE rounds nothing away).
+        for expiry in expires_at(job_id):
+            assert before + retention_s * 1000 <= expiry <= after + retention_s * 1000, (expiry, before, after)
+
+    jobs = finish_every_way(settings, queue, transition)
+    assert ttl(jobs["waiting"]) == (-1, -1)
+    assert set(listed(settings)) == set(jobs.values())
+
+
+def test_finished_jobs_and_their_events_then_expire(redis_url, tmp_path):
+    settings = make_settings(redis_url, tmp_path, 1)
+    queue = JobQueue.connect(settings)
+    jobs = finish_every_way(settings, queue, lambda job_id, step: step() or pytest.fail(f"{job_id}: not finished"))
+    finished = [jobs[role] for role in ("finished", "lost", "dequeued")]
+
+    def gone(job_id: str) -> bool:
+        return not queue.client.exists(queue.keys.job(job_id), queue.keys.events(job_id))
+
+    deadline = time.monotonic() + 30  # Redis expires a key once its TTL is past (EXISTS checks it at once)
+    while not all(gone(job_id) for job_id in finished):
+        assert time.monotonic() < deadline, [queue.client.pttl(queue.keys.job(j)) for j in finished]
+        time.sleep(0.05)
+    assert not gone(jobs["waiting"]) and queue.client.ttl(queue.keys.job(jobs["waiting"])) == -1
+    assert listed(settings) == [jobs["waiting"]]  # the listing drops expired ids from its index
+    assert queue.client.zrange(queue.keys.jobs, 0, -1) == [jobs["waiting"]]
