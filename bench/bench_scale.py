@@ -129,7 +129,7 @@ class TrainingRun:
 
         torch.manual_seed(seed)
         self.split, self.config = split, TrainConfig()
-        self.heads = CLMHeadPair(HeadConfig(encoder_dim=dim), seed=seed)
+        self.heads = CLMHeadPair(HeadConfig(hidden_size=dim), seed=seed)
         self._shuffle = torch.Generator().manual_seed(self.config.seed)
         self.objective = DecisionObjective(LossConfig().decision_loss_config(), table, torch.device("cpu"), {}, None,
                                            torch.Generator().manual_seed(self.config.seed + 1))

@@ -70,7 +70,7 @@ def local_fingerprint() -> EncoderFingerprint:
 
 
 def publish(root: Path, seed: int, fingerprint: EncoderFingerprint, encoder_dim: int) -> str:
-    heads = CLMHeadPair(HeadConfig(encoder_dim=encoder_dim), seed=seed)  # production head shape, 2432 wide
+    heads = CLMHeadPair(HeadConfig(hidden_size=encoder_dim), seed=seed)  # production head shape (width 2048, 512)
     with torch.no_grad():
         heads.logit_scale.fill_(3.0)
     return publish_checkpoint(root, HEADS_NAME, heads, fingerprint, metrics={"seed": seed}).label

@@ -4,8 +4,8 @@
    L2-normalised float16 vector of width 4096 per distinct text of the bundled
    SOC-triage train records (so the batches have the real question shapes:
    3 questions per record with 3 / 2 / 5 options). Default heads
-   (``HeadConfig()`` at ``encoder_dim`` 4096: two 4096 -> 2432 linears,
-   ~20M parameters) are trained with exactly the recipe's step:
+   (``HeadConfig()`` at ``hidden_size`` 4096: two upstream-shaped MLPs
+   4096 -> 2048 -> GELU -> 512, ~19M parameters) are trained with exactly the recipe's step:
    ``DecisionObjective`` (``build_targets`` -> ``clm_batch`` /
    ``CLMHeadPair.forward`` -> ``identified_logits`` -> ``assemble_decision_batch``
    -> ``DecisionLoss`` SFT with the example config's terms), then the body of
@@ -14,16 +14,20 @@
    ``train.batch_size`` records of the example config (32 records = 96
    questions), and also ~256 questions (``--big-batch-records``, 86 records).
 
-2. **GEMM fraction.** FLOPs counted per what autograd actually computes: the
-   forward runs ``addmm`` for the states ``[B,4096] x [4096,P]`` and for the
-   batch's distinct option vectors ``[A,4096] x [4096,P]`` (``P`` = 2432);
-   the backward computes only the *weight* gradients ``[P,B] x [B,4096]`` and
-   ``[P,A] x [A,4096]``: the encoder embeddings are leaves without
-   ``requires_grad``, so no input gradient is formed. Step FLOPs =
-   ``4 (B + A) * 4096 * P`` (the cosine einsum, bias and loss are < 0.1% and
-   not counted). The baseline runs bare ``torch.matmul`` of those four shapes
-   in the same memory layouts (``x @ W.t()``, ``g.t() @ x``) for the same
-   batch sequence. ``gemm_fraction`` = (step FLOPs / step s) / (bare FLOPs /
+2. **GEMM fraction.** FLOPs counted per what autograd actually computes in
+   the heads' MLP (``HeadConfig.layer_dims``: ``inp`` ``[D,W]``, ``depth - 2``
+   hidden ``[W,W]``, ``out`` ``[W,P]``; D = 4096, W = 2048, P = 512 by default),
+   for the ``n`` = B states through the state head and the ``n`` = A distinct
+   option vectors of the batch through the action head. Per layer of fan-in
+   ``i`` and fan-out ``o``: the forward ``addmm`` ``[n,i] x [i,o]`` and the
+   weight gradient ``[o,n] x [n,i]``, 2·n·i·o FLOPs each; every layer after
+   ``inp`` also forms its input gradient ``[n,o] x [o,i]`` (the activations
+   need it), but ``inp`` does not: the encoder embeddings are leaves without
+   ``requires_grad``. Step FLOPs = ``sum_n [4 n D W + 6 n (sum_hidden W^2 + W P)]``
+   (the activation, LayerNorm, cosine einsum, bias and loss are elementwise or
+   tiny and not counted). The baseline runs bare ``torch.matmul`` of exactly
+   those shapes in the same memory layouts (``x @ W.t()``, ``g.t() @ x``,
+   ``g @ W``) for the same batch sequence. ``gemm_fraction`` = (step FLOPs / step s) / (bare FLOPs /
    bare s). Both are timed on the same thread count, interleaved, after
    warm-up; each repeat runs the whole batch sequence and the medians of the
    repeats are used (wall clock; CUDA is synchronised around each timing).
@@ -153,27 +157,41 @@ def batch_shapes(batch: Sequence[EncodedRecord]) -> tuple[int, int]:
     return len(questions), len(distinct)
 
 
-def step_flops(b: int, a: int, d: int, p: int) -> int:
-    """Forward addmm of states and actions + their weight gradients (no input gradients)."""
-    return 4 * (b + a) * d * p
+Layers = Sequence[tuple[int, int]]  # (fan_in, fan_out) of each Linear of one head, forward order
 
 
-def make_bare(shapes: Sequence[tuple[int, int]], d: int, p: int, device: torch.device) -> Callable[[], None]:
+def head_layers(config: HeadConfig) -> list[tuple[int, int]]:
+    return [(fan_in, fan_out) for _, fan_in, fan_out in config.layer_dims()]
+
+
+def step_flops(b: int, a: int, layers: Layers) -> int:
+    """Per head pass of n rows: forward addmm + weight gradient of every layer, input gradient of every
+    layer but the first (the embeddings are leaves)."""
+    return sum(2 * n * fan_in * fan_out * (2 if index == 0 else 3)
+               for n in (b, a) for index, (fan_in, fan_out) in enumerate(layers))
+
+
+def make_bare(shapes: Sequence[tuple[int, int]], layers: Layers, device: torch.device) -> Callable[[], None]:
     """Bare matmuls of every batch's step shapes, in the layouts autograd uses."""
     generator = torch.Generator().manual_seed(7)
-    weight = torch.randn(p, d, generator=generator).to(device)  # nn.Linear weight [P, D]
     largest = max(max(b, a) for b, a in shapes)
-    x_all = torch.randn(largest, d, generator=generator).to(device)
-    g_all = torch.randn(largest, p, generator=generator).to(device)
-    inputs = [(x_all[:n].contiguous(), g_all[:n].contiguous()) for n in sorted({n for s in shapes for n in s})]
-    by_rows = {x.shape[0]: (x, g) for x, g in inputs}
+    rows = sorted({n for s in shapes for n in s})
+    per_layer = []
+    for fan_in, fan_out in layers:
+        weight = torch.randn(fan_out, fan_in, generator=generator).to(device)  # nn.Linear weight [o, i]
+        x_all = torch.randn(largest, fan_in, generator=generator).to(device)
+        g_all = torch.randn(largest, fan_out, generator=generator).to(device)
+        per_layer.append((weight, {n: (x_all[:n].contiguous(), g_all[:n].contiguous()) for n in rows}))
 
     def bare() -> None:
         for b, a in shapes:
             for n in (b, a):
-                x, g = by_rows[n]
-                torch.matmul(x, weight.t())  # forward  [n, D] x [D, P]
-                torch.matmul(g.t(), x)  # weight grad [P, n] x [n, D]
+                for index, (weight, by_rows) in enumerate(per_layer):
+                    x, g = by_rows[n]
+                    torch.matmul(x, weight.t())  # forward  [n, i] x [i, o]
+                    torch.matmul(g.t(), x)  # weight grad [o, n] x [n, i]
+                    if index:
+                        torch.matmul(g, weight)  # input grad [n, o] x [o, i] (not for the leaf embeddings)
 
     return bare
 
@@ -214,8 +232,8 @@ def bench_training(
     for start in range(0, steps * batch_records, batch_records):
         batches.append([records[order[(start + i) % len(records)]] for i in range(batch_records)])
     shapes = [batch_shapes(batch) for batch in batches]
-    d, p = head_config.encoder_dim, head_config.proj_dim
-    flops = sum(step_flops(b, a, d, p) for b, a in shapes)
+    layers = head_layers(head_config)
+    flops = sum(step_flops(b, a, layers) for b, a in shapes)
 
     def trainer(fused: bool) -> tuple[Callable[[], None], list[float], list[dict[str, float]]]:
         heads = CLMHeadPair(head_config, seed=cfg.heads.seed).to(device).train()
@@ -235,7 +253,7 @@ def bench_training(
         return train_sequence, losses, phase_log
 
     train_sequence, losses, phase_log = trainer(fused=True)
-    runs = {"step": train_sequence, "bare": make_bare(shapes, d, p, device)}
+    runs = {"step": train_sequence, "bare": make_bare(shapes, layers, device)}
     if compare_fused:
         runs["step_foreach_adamw"], foreach_losses, foreach_log = trainer(fused=False)
     timed = time_interleaved(runs, device, repeats, warmup)
@@ -364,7 +382,7 @@ def main() -> None:
         workdir = Path(tmp)
         train_records = load_records(ROOT / cfg.data.train)
         texts = collect_clm_texts(train_records)
-        table = synthetic_table(texts, HeadConfig().encoder_dim, workdir / "synthetic-table")
+        table = synthetic_table(texts, HeadConfig().hidden_size, workdir / "synthetic-table")
         encoded = encode_records(train_records, table)
         training = {}
         for records_per_batch in [batch_records] + ([args.big_batch_records] if args.big_batch_records else []):
@@ -384,8 +402,10 @@ def main() -> None:
         "torch": torch.__version__,
         "threads": train_threads,
         "embed_threads": default_threads,
-        "encoder_dim": head_config.encoder_dim,
-        "proj_dim": head_config.proj_dim,
+        "hidden_size": head_config.hidden_size,
+        "head_width": head_config.width,
+        "head_depth": head_config.depth,
+        "projection_dim": head_config.projection_dim,
         "head_parameters": head_config.parameter_count(),
         "questions_per_record": 3,
         "options_per_question": sorted({len(q.option_rows) for r in encoded for q in r.questions}),
@@ -393,7 +413,9 @@ def main() -> None:
         "batch_questions": main_run["batch_questions"],
         "questions_per_s": main_run["questions_per_s"],
         "gemm_fraction": main_run["gemm_fraction"],
-        "flop_counting": "4*(B+A)*D*P: forward addmm + weight grads of both heads; no input grads (leaf inputs)",
+        "flop_counting": "per MLP layer (i->o) and n in (B, A): 2*n*i*o forward + 2*n*i*o weight grad, "
+                         "+ 2*n*i*o input grad for every layer but inp (leaf embeddings): "
+                         "4*n*D*W + 6*n*(hidden W*W + W*P)",
         "timing": f"wall, median of {args.repeats} interleaved repeats of {args.steps} steps after {args.warmup} warm-up",
         "training": training,
         **embed,

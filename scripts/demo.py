@@ -80,8 +80,9 @@ class Demo:
         self.processes.append(redis_process)
         console.print(f"redis        {redis_url}")
         self.services["embedder"] = start_embedder(
-            self.logs, cache_dir=self.work / "cache" / "embedder", redis_url=redis_url, model="minilm")
-        console.print(f"embedder     {self.services['embedder'].url}  (all-MiniLM-L6-v2, local backend)")
+            self.logs, cache_dir=self.work / "cache" / "embedder", redis_url=redis_url, model="minilm",
+            pooling="mean", max_tokens=256)  # the CPU example: the services' default is Qwen/Qwen3-8B, 2048 tokens
+        console.print(f"embedder     {self.services['embedder'].url}  (all-MiniLM-L6-v2, 256 tokens, local backend)")
         trainer_paths = dict(redis_url=redis_url.replace("/0", "/1"), embedder_url=self.services["embedder"].url,
                              data_root=self.data_root, checkpoint_root=self.checkpoints,
                              work_root=self.work / "trainer")
@@ -119,7 +120,7 @@ class Demo:
             "mode": "train",
             "data": {split: str(data / f"{split}.jsonl") for split in ("train", "validation", "test")},
             "encoder": {"backend": "embedder", "batch_size": 128, "concurrency": 2},
-            "heads": {"config": {"proj_dim": 256, "kind": "linear"}, "seed": 0},
+            "heads": {"config": {"width": 2048, "projection_dim": 512}, "seed": 0},  # upstream's default shape
             "loss": {"mode": "sft", "label_smoothing": 0.05, "brier_weight": 0.25, "ordinal_weight": 0.5,
                      "kl_coef": 0.05, "anchor_weight": 0.1},
             "train": {"epochs": self.args.epochs, "batch_size": 32, "lr": 3e-3, "seed": 0, "eval_metric": "nll"},

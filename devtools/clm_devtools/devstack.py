@@ -15,6 +15,13 @@ from clm_devtools.procs import ManagedProcess, free_port, wait_http
 
 BIN_DIR = Path(sys.executable).parent
 
+# The bundled CPU example's encoder, stated explicitly: the services' own defaults are the reference
+# contract (Qwen/Qwen3-8B, last-token, 2048 tokens), which is no local folder here and never downloaded.
+# ``auto`` pooling is mean for MiniLM and last-token for a causal model folder such as the tiny Qwen3.
+CPU_EXAMPLE_MODEL = "minilm"
+CPU_EXAMPLE_POOLING = "auto"
+CPU_EXAMPLE_MAX_TOKENS = 256
+
 
 @dataclass
 class Service:
@@ -51,10 +58,12 @@ def _start(name: str, script_args: list[str], env: dict[str, str], log_dir: Path
 
 
 def start_embedder(log_dir: Path, *, cache_dir: Path, redis_url: str = "", port: int | None = None,
-                   model: str = "minilm", backend: str = "local", extra_env: dict[str, str] | None = None,
+                   model: str = CPU_EXAMPLE_MODEL, backend: str = "local", pooling: str = CPU_EXAMPLE_POOLING,
+                   max_tokens: int = CPU_EXAMPLE_MAX_TOKENS, extra_env: dict[str, str] | None = None,
                    wait: bool = True) -> Service:
     port = port or free_port()
     env = {"CLM_EMBEDDER_PORT": str(port), "CLM_EMBEDDER_MODEL": model, "CLM_EMBEDDER_BACKEND": backend,
+           "CLM_EMBEDDER_POOLING": pooling, "CLM_EMBEDDER_MAX_TOKENS": str(max_tokens),
            "CLM_EMBEDDER_REDIS_URL": redis_url, "CLM_EMBEDDER_DISK_CACHE_DIR": str(cache_dir),
            "CLM_EMBEDDER_DISK_CACHE_MAP_SIZE_GB": "1", **(extra_env or {})}
     return _start("embedder", [_script("clm-embedder")], env, log_dir, port, "/health" if wait else None)
@@ -89,6 +98,9 @@ def start_serve(log_dir: Path, *, checkpoint_root: Path, heads_name: str, embedd
                 port: int | None = None, extra_env: dict[str, str] | None = None) -> Service:
     port = port or free_port()
     env = {"CLM_SERVE_PORT": str(port), "CLM_SERVE_CHECKPOINT_ROOT": str(checkpoint_root),
-           "CLM_SERVE_HEADS_NAME": heads_name, "CLM_SERVE_EMBEDDER_URL": embedder_url, **(extra_env or {})}
+           "CLM_SERVE_HEADS_NAME": heads_name, "CLM_SERVE_EMBEDDER_URL": embedder_url,
+           # the in-process encoder (no embedder_url): the CPU example's, unless extra_env names another
+           "CLM_SERVE_ENCODER_MODEL": CPU_EXAMPLE_MODEL, "CLM_SERVE_ENCODER_POOLING": CPU_EXAMPLE_POOLING,
+           "CLM_SERVE_ENCODER_MAX_TOKENS": str(CPU_EXAMPLE_MAX_TOKENS), **(extra_env or {})}
     # /health is 503 until heads are loaded; readiness of the process is /v1/heads.
     return _start("clm-serve", [_script("clm-serve")], env, log_dir, port, "/v1/heads")

@@ -1,16 +1,23 @@
-"""Baselines a person would try before CLM heads, fitted from the run's own embedding table.
+"""Baselines a person would try before CLM heads, from the run's own embedding table.
 
 Reports compare the heads with them, so a user sees whether the heads are
-worth it. Every baseline reads state vectors from the ``EmbeddingTable`` the
-heads were scored on: **no text is encoded** for a baseline. Each is fitted
-on the ``train`` split and scores validation/test questions as a probability
-vector over the question's options (a ``ScoredQuestion``, like the heads),
-so the same metrics, intervals and breakdowns apply.
+worth it. Every baseline reads vectors from the ``EmbeddingTable`` the heads
+were scored on: **no text is encoded** for a baseline. Each scores
+validation/test questions as a probability vector over the question's
+options (a ``ScoredQuestion``, like the heads), so the same metrics,
+intervals and breakdowns apply.
 
-A baseline is per **question**: keyed by question id *and* option texts (the
-same id with other options is another question). A question never seen in
-training gets the uniform distribution: these baselines cannot answer it,
-which is the point of a CLM that can.
+* ``clm-raw``: the upstream CLM's ablation of the same name, no heads and no
+  training: ``100 x cosine(state vector, option vector)`` in the encoder's
+  own space, softmax over the options. It answers every question, seen or
+  not, so it shows what post-training gained, or cost, on questions the
+  training data never asked (heads trained on one domain can fall below the
+  raw encoder on another).
+
+The others are fitted on the ``train`` split, per **question**: keyed by
+question id *and* option texts (the same id with other options is another
+question). A question never seen in training gets the uniform distribution:
+these baselines cannot answer it, which is the point of a CLM that can.
 
 * ``majority``: the label frequencies of the question in train (one pseudo-count
   per option, so no option has probability 0); its top option is the majority answer.
@@ -40,18 +47,24 @@ from clm.embedding_table import EmbeddingTable
 from clm.recipes.batches import EncodedQuestion, EncodedRecord
 from clm.recipes.evaluation import ScoredQuestion
 
+RAW_BASELINE = "clm-raw"
+RAW_SCALE = 100.0  # upstream's clm-raw logit scale (clm/engine.py RAW_SCALE)
 MIN_LABELS = 10
 LOGISTIC_CS = (0.1, 1.0, 10.0)  # inverse regularisation strengths tried by cross-validation
 CV_FOLDS = 3
 LOGISTIC_MAX_ITER = 2000
-BASELINE_NAMES = ("majority", "logistic_regression", "best_fixed_option")
+TRAINED_BASELINES = ("majority", "logistic_regression", "best_fixed_option")
+BASELINE_NAMES = (RAW_BASELINE, *TRAINED_BASELINES)
 # Metrics that mean something for each baseline (a one-hot policy has no useful NLL, Brier, ECE or RPS).
 BASELINE_METRICS = {
+    RAW_BASELINE: ("accuracy", "nll", "brier", "ece", "rps", "expected_reward"),
     "majority": ("accuracy", "nll", "brier", "ece", "rps", "expected_reward"),
     "logistic_regression": ("accuracy", "nll", "brier", "ece", "rps", "expected_reward"),
     "best_fixed_option": ("accuracy", "expected_reward"),
 }
 DESCRIPTIONS = {
+    RAW_BASELINE: f"the upstream CLM's clm-raw: {RAW_SCALE:g} x cosine of the state and option vectors in the "
+                  "encoder's own space, no heads, no training; answers every question",
     "majority": "label frequencies per question in train (+1 per option); unseen question: uniform",
     "logistic_regression": f"per-question logistic regression on the state vector, C in {list(LOGISTIC_CS)} chosen "
                            f"by {CV_FOLDS}-fold cross-validation on train; fewer than {MIN_LABELS} labels or one "
@@ -151,12 +164,35 @@ def fit_baselines(table: EmbeddingTable, train: Sequence[EncodedRecord]) -> Fitt
     return FittedBaselines(majority, logistic, best_option, dict(notes))
 
 
+def raw_probabilities(table: EmbeddingTable, question: EncodedQuestion) -> np.ndarray:
+    """``clm-raw``'s distribution over one question's options (upstream L2-normalises what it is served)."""
+    vectors = table.vectors([question.state_row, *question.option_rows]).numpy().astype(np.float64)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    logits = RAW_SCALE * (vectors[1:] @ vectors[0])
+    exp = np.exp(logits - logits.max())
+    return exp / exp.sum()
+
+
+def _scored(record: EncodedRecord, question: EncodedQuestion, probs: np.ndarray) -> ScoredQuestion:
+    with np.errstate(divide="ignore"):
+        logprobs = tuple(float(x) for x in np.log(probs))
+    return ScoredQuestion(
+        record_id=record.record_id, question_id=question.target.question_id,
+        question_type=question.target.question_type, option_ids=question.target.option_ids,
+        logprobs=logprobs, label=question.target.label, rewards=question.target.rewards,
+    )
+
+
 def score_baseline(
-    fitted: FittedBaselines, name: str, table: EmbeddingTable, records: Sequence[EncodedRecord]
+    fitted: FittedBaselines | None, name: str, table: EmbeddingTable, records: Sequence[EncodedRecord]
 ) -> list[ScoredQuestion]:
-    """Predictions of baseline ``name`` for every question of ``records``, in the order the heads score them."""
+    """Predictions of baseline ``name`` for every question of ``records``, in the order the heads score them
+    (``fitted`` may be None for ``clm-raw``, which fits nothing)."""
     if name not in BASELINE_NAMES:
         raise ValueError(f"unknown baseline {name!r}; known: {list(BASELINE_NAMES)}")
+    if name == RAW_BASELINE:
+        return [_scored(record, q, raw_probabilities(table, q)) for record in records for q in record.questions]
+    assert fitted is not None, f"{name} is fitted on a training split"
     questions = [(record, q) for record in records for q in record.questions]
     by_key: dict[QuestionKey, list[int]] = defaultdict(list)
     for index, (_, question) in enumerate(questions):
@@ -169,32 +205,32 @@ def score_baseline(
         rows = fitted.predict(name, key, len(key[1]), len(indices), states)
         for row, index in enumerate(indices):
             probs[index] = rows[row]
-    scored = []
-    for (record, question), question_probs in zip(questions, probs):
-        with np.errstate(divide="ignore"):
-            logprobs = tuple(float(x) for x in np.log(question_probs))
-        scored.append(ScoredQuestion(
-            record_id=record.record_id, question_id=question.target.question_id,
-            question_type=question.target.question_type, option_ids=question.target.option_ids,
-            logprobs=logprobs, label=question.target.label, rewards=question.target.rewards,
-        ))
-    return scored
+    return [_scored(record, question, question_probs) for (record, question), question_probs in zip(questions, probs)]
 
 
 def score_baselines(
     table: EmbeddingTable,
-    train: Sequence[EncodedRecord],
+    train: Sequence[EncodedRecord] | None,
     splits: Mapping[str, Sequence[EncodedRecord]],
     names: Sequence[str] = BASELINE_NAMES,
 ) -> tuple[dict[str, dict[str, list[ScoredQuestion]]], dict]:
-    """``({split: {baseline: scored}}, {"descriptions", "notes", "unseen_questions"})``, fitted on ``train``."""
-    fitted = fit_baselines(table, train)
+    """``({split: {baseline: scored}}, {"descriptions", "notes", "unseen_questions"})``.
+
+    The trained baselines are fitted on ``train``; without one (an eval run with ``data.train: null``)
+    only ``clm-raw`` is scored and ``missing`` says why the others are not.
+    """
+    fitted = fit_baselines(table, train) if train else None
+    if fitted is None:
+        names = [name for name in names if name == RAW_BASELINE]
     scored = {split: {name: score_baseline(fitted, name, table, records) for name in names}
               for split, records in splits.items()}
-    unseen = {split: sorted({q.target.question_id for r in records for q in r.questions
-                             if question_key(q) not in fitted.majority})
-              for split, records in splits.items()}
-    info = {"descriptions": {name: DESCRIPTIONS[name] for name in names},
-            "metrics": {name: list(BASELINE_METRICS[name]) for name in names},
-            "notes": fitted.notes, "unseen_questions": unseen}
+    info: dict = {"descriptions": {name: DESCRIPTIONS[name] for name in names},
+                  "metrics": {name: list(BASELINE_METRICS[name]) for name in names},
+                  "notes": {} if fitted is None else fitted.notes}
+    if fitted is None:
+        info["missing"] = "no training split: nothing to fit the trained baselines on or to call seen"
+    else:
+        info["unseen_questions"] = {split: sorted({q.target.question_id for r in records for q in r.questions
+                                                   if question_key(q) not in fitted.majority})
+                                    for split, records in splits.items()}
     return scored, info

@@ -9,7 +9,10 @@
 * ``comparisons``: per split and scope (overall, each question type, each
   question id, each generalisation group), paired bootstrap intervals
   (``clm.bootstrap``) of ``after - before`` and ``heads - <baseline>``;
-* ``bootstrap``: the settings, so a reader can reproduce the intervals.
+* ``bootstrap``: the settings, so a reader can reproduce the intervals;
+* ``findings``: plain sentences where the heads are significantly worse than
+  ``clm-raw`` (the encoder with no training) overall or on questions training
+  never asked.
 
 ``compare_predictors`` is the general form (``clm eval --compare`` uses it
 for two checkpoints). The heads of a train run are its ``after`` heads; of an
@@ -22,10 +25,17 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from clm.baselines import BASELINE_METRICS, score_baselines
+from clm.baselines import BASELINE_METRICS, RAW_BASELINE, score_baselines
 from clm.bootstrap import COMPARED_METRICS, BootstrapSettings, paired_bootstrap
 from clm.embedding_table import EmbeddingTable
-from clm.generalisation import GROUP_ORDER, TrainingVocabulary, generalisation_groups, unseen_vocabulary
+from clm.generalisation import (
+    GROUP_ORDER,
+    UNSEEN_OPTIONS,
+    UNSEEN_QUESTION,
+    TrainingVocabulary,
+    generalisation_groups,
+    unseen_vocabulary,
+)
 from clm.metrics import QUESTION_TYPE_NAMES, PredictionSet, decision_metrics
 from clm.recipes.batches import EncodedRecord
 from clm.recipes.evaluation import ScoredQuestion
@@ -109,6 +119,31 @@ def group_metrics(
     return result
 
 
+RAW_FINDING_METRICS = ("accuracy", "expected_reward")  # what a user decides on; calibration alone is not a loss
+_FINDING_SCOPES = {OVERALL: "all questions", UNSEEN_QUESTION: "questions whose id training never asked",
+                   UNSEEN_OPTIONS: "questions with an option text training never showed"}
+
+
+def raw_encoder_findings(comparisons: Mapping[str, Mapping[str, Mapping[str, dict]]]) -> list[str]:
+    """Plain sentences for every split and unseen-in-training scope where the heads are significantly
+    worse than ``clm-raw`` (the encoder's own cosine, no training) on accuracy or expected reward."""
+    name = f"heads - {RAW_BASELINE}"
+    findings = []
+    for split, by_scope in comparisons.items():
+        for scope, where in _FINDING_SCOPES.items():
+            for metric in RAW_FINDING_METRICS:
+                interval = (by_scope.get(scope) or {}).get(name, {}).get(metric)
+                if not interval or not interval.get("significant") or interval.get("better") is not False:
+                    continue
+                findings.append(
+                    f"On {split}, {where}: the heads' {metric} is {interval['candidate']:.3f}, below the raw "
+                    f"encoder's {interval['reference']:.3f} ({RAW_BASELINE}, no training; difference "
+                    f"{interval['difference']:+.3f} [{interval['low']:+.3f}, {interval['high']:+.3f}]). The heads answer "
+                    "these worse than the encoder alone: start from the released head (heads.init_checkpoint) "
+                    "rather than from scratch, or train on data that asks these questions.")
+    return findings
+
+
 def worth_it_sections(
     table: EmbeddingTable,
     train: Sequence[EncodedRecord] | None,
@@ -120,15 +155,13 @@ def worth_it_sections(
     """Baselines, generalisation breakdown and paired intervals for the scored splits of a run.
 
     Without a training split (``data.train: null`` in an eval run) there is
-    nothing to fit a baseline on or to call "seen": only ``after - before``
-    intervals are computed, and ``baselines.info.missing`` says why.
+    nothing to fit a baseline on or to call "seen": only ``clm-raw`` (which
+    fits nothing) and the ``after - before`` intervals are computed, and
+    ``baselines.info.missing`` says why.
     """
     heads_stage = "after" if after is not None else "before"
     scored_splits = {split: before[split] for split in before}
-    baseline_scored: dict[str, dict[str, list[ScoredQuestion]]] = {}
-    info: dict = {"missing": "no training split: nothing to fit baselines on or to call seen"}
-    if train:
-        baseline_scored, info = score_baselines(table, train, {s: encoded[s] for s in scored_splits})
+    baseline_scored, info = score_baselines(table, train, {s: encoded[s] for s in scored_splits})
     vocabulary = TrainingVocabulary.of(train) if train else None
     sections: dict = {"bootstrap": {**settings.as_dict(), "heads": heads_stage},
                       "baselines": {"info": info, "metrics": {}}, "generalisation": {}, "comparisons": {}}
@@ -153,4 +186,5 @@ def worth_it_sections(
             }
         sections["comparisons"][split] = compare_predictors(
             predictors, comparisons, scopes(before[split], groups), settings, BASELINE_METRICS)
+    sections["findings"] = raw_encoder_findings(sections["comparisons"])
     return sections

@@ -4,13 +4,32 @@ The encoder is frozen, so these ~20M parameters are everything post-training
 touches: a state head and an action head map encoder embeddings into a joint
 space, and an option's logit is ``exp(min(logit_scale, log 100)) * cosine``.
 
-Default size, chosen to match "~20M parameters together" at ``encoder_dim``
-4096 (Qwen3-8B): two linear heads 4096 → 2432 with bias,
-2 × (4096·2432 + 2432) + 1 = 19,927,809 parameters.
+Each head is upstream contrastive-lm's ``make_head`` MLP (``clm/heads.py`` of the
+``contrastive-lm`` 0.1.0 wheel), module for module, so a state dict moves
+between the two unchanged::
 
-State-dict keys (``state_head.*``, ``action_head.*``, ``logit_scale``) follow
-the names the upstream contrastive-lm heads use, so checkpoints stay legible
-to both sides.
+    inp:    Linear(hidden_size, width)
+    hidden: ModuleList(Linear(width, width) x (depth - 2))
+    norms:  ModuleList(LayerNorm(width) if layernorm else Identity x (depth - 2))
+    out:    Linear(width, projection_dim)
+
+    x = act(inp(x)); per hidden block: h = act(norm(lin(x))); x = x + h if residual else h
+    return out(x)                                  (no activation after ``out``)
+
+State-dict keys: ``state_head.inp.weight``, ``state_head.hidden.0.weight``,
+``state_head.norms.0.weight`` (with ``layernorm``), ``state_head.out.bias``, ...,
+the same under ``action_head.``, and ``logit_scale``. ``HeadConfig`` carries every
+``cfg`` key upstream's loader reads (``width``, ``depth``, ``projection_dim``,
+``activation``, ``layernorm``, ``residual``, ``hidden_size``).
+
+Default shape, sized like the released reference head (upstream: "a 20M-parameter
+trainable projection head", "the 75 MB reference head"): depth 2, width 2048,
+projection 512 at ``hidden_size`` 4096 (Qwen3-8B),
+2 x (4096*2048 + 2048 + 2048*512 + 512) + 1 = 18,879,489 parameters, 75.5 MB in
+float32. (Width 2304 would be 21,239,297; 2176 is 20,059,393 = 80.2 MB.)
+
+The logit scale is clamped at ``log 100`` when used, as upstream
+(``exp(logit_scale).clamp(max=100)``) and CLIP: a constant, not a setting.
 """
 
 from __future__ import annotations
@@ -27,78 +46,119 @@ CLIP_INIT_LOGIT_SCALE = math.log(1 / 0.07)
 """CLIP's initial temperature: logits start at ~14.3 × cosine."""
 
 MAX_LOGIT_SCALE = math.log(100.0)
-"""CLIP's clamp: the scale never exceeds 100, which keeps softmax gradients usable."""
+"""The clamp of upstream and CLIP: the scale never exceeds 100, which keeps softmax gradients usable."""
+
+UPSTREAM_HIDDEN_SIZE = 4096
+"""Upstream's default ``hidden_size`` (Qwen3-8B's embedding width), used when a cfg names none."""
+
+UPSTREAM_PROJECTION_DIM = 512
+"""Upstream's default ``projection_dim``, used when neither the file nor its cfg names one."""
+
+UPSTREAM_CFG_KEYS = ("width", "depth", "projection_dim", "activation", "layernorm", "residual", "hidden_size")
+"""The ``cfg`` keys upstream's ``HeadPair._load`` reads (``width`` and ``depth`` are required there)."""
+
+Activation = Literal["gelu", "relu", "silu"]
 
 
 class HeadConfig(BaseModel):
-    """Shapes and initialisation of a head pair; written verbatim into every checkpoint."""
+    """Shape and initialisation of a head pair; its fields are the checkpoint's ``cfg``."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    encoder_dim: int = Field(4096, gt=0, description="width of the frozen encoder's embeddings")
-    proj_dim: int = Field(2432, gt=0, description="width of the joint (normalised) decision space")
-    kind: Literal["linear", "mlp"] = "linear"
-    mlp_hidden: int = Field(2048, gt=0, description="hidden width when kind='mlp' (ignored for linear)")
-    activation: Literal["gelu", "relu", "silu"] = "gelu"
-    bias: bool = True
+    hidden_size: int = Field(UPSTREAM_HIDDEN_SIZE, gt=0, description="width of the frozen encoder's embeddings")
+    width: int = Field(2048, gt=0, description="width of the MLP's hidden layers")
+    depth: int = Field(2, ge=2, description="Linear layers per head: inp, depth-2 hidden blocks, out")
+    projection_dim: int = Field(UPSTREAM_PROJECTION_DIM, gt=0,
+                                description="width of the joint (normalised) decision space")
+    activation: Activation = "gelu"
+    layernorm: bool = Field(False, description="LayerNorm in each hidden block (depth > 2)")
+    residual: bool = Field(False, description="residual connection around each hidden block (depth > 2)")
     init_logit_scale: float = CLIP_INIT_LOGIT_SCALE
-    max_logit_scale: float = MAX_LOGIT_SCALE
 
     @model_validator(mode="after")
     def _scale_is_finite(self) -> "HeadConfig":
-        if not (math.isfinite(self.init_logit_scale) and math.isfinite(self.max_logit_scale)):
-            raise ValueError("init_logit_scale and max_logit_scale must be finite")
+        if not math.isfinite(self.init_logit_scale):
+            raise ValueError("init_logit_scale must be finite")
         return self
+
+    def layer_dims(self) -> list[tuple[str, int, int]]:
+        """(module name, fan_in, fan_out) of each Linear layer of one head, in forward order."""
+        return [
+            ("inp", self.hidden_size, self.width),
+            *((f"hidden.{i}", self.width, self.width) for i in range(self.depth - 2)),
+            ("out", self.width, self.projection_dim),
+        ]
+
+    def head_parameter_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The state dict of one head (upstream's ``make_head`` module names) → shapes."""
+        shapes: dict[str, tuple[int, ...]] = {}
+        for name, fan_in, fan_out in self.layer_dims():
+            shapes[f"{name}.weight"] = (fan_out, fan_in)
+            shapes[f"{name}.bias"] = (fan_out,)
+        if self.layernorm:
+            for i in range(self.depth - 2):
+                shapes[f"norms.{i}.weight"] = (self.width,)
+                shapes[f"norms.{i}.bias"] = (self.width,)
+        return shapes
 
     def parameter_shapes(self) -> dict[str, tuple[int, ...]]:
         """The exact state-dict of ``CLMHeadPair(self)``: names → shapes, without allocating it.
 
         Checkpoint validation uses this to refuse weights that do not fit the config.
         """
-        shapes: dict[str, tuple[int, ...]] = {}
-        for head in ("state_head", "action_head"):
-            for index, (fan_in, fan_out) in _layer_dims(self):
-                shapes[f"{head}.{index}.weight"] = (fan_out, fan_in)
-                if self.bias:
-                    shapes[f"{head}.{index}.bias"] = (fan_out,)
+        head = self.head_parameter_shapes()
+        shapes = {f"{side}.{name}": shape for side in ("state_head", "action_head") for name, shape in head.items()}
         shapes["logit_scale"] = ()
         return shapes
 
     def parameter_count(self) -> int:
         return sum(math.prod(shape) for shape in self.parameter_shapes().values())
 
-
-def _layer_dims(config: HeadConfig) -> list[tuple[int, tuple[int, int]]]:
-    """(Sequential index, (fan_in, fan_out)) of each Linear layer of one head."""
-    if config.kind == "linear":
-        return [(0, (config.encoder_dim, config.proj_dim))]
-    # mlp: Linear, activation, Linear — the activation occupies Sequential index 1.
-    return [(0, (config.encoder_dim, config.mlp_hidden)), (2, (config.mlp_hidden, config.proj_dim))]
+    def upstream_cfg(self) -> dict:
+        """The checkpoint's ``cfg``: every key upstream reads, plus ``init_logit_scale`` (which it ignores)."""
+        return self.model_dump(mode="json")
 
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"gelu": nn.GELU, "relu": nn.ReLU, "silu": nn.SiLU}
 
 
-def _build_head(config: HeadConfig, generator: torch.Generator) -> nn.Sequential:
-    """One projection head, initialised from ``generator`` only (the global RNG is never touched).
+def _linear(fan_in: int, fan_out: int, generator: torch.Generator) -> nn.Linear:
+    """A Linear initialised from ``generator`` only (the global RNG is never touched).
 
-    Weights ~ N(0, 1/fan_in) so a unit-norm input gives projections of roughly
-    unit scale (the CLIP projection init); biases start at zero so the initial
-    cosine is driven by the embedding alone.
+    Weights ~ N(0, 1/fan_in) so a unit-norm input gives outputs of roughly unit
+    scale (the CLIP projection init); biases start at zero so the initial cosine
+    is driven by the embedding alone. Built on meta and moved to the current
+    default device: under ``torch.device("meta")`` (checkpoint loading) nothing is
+    allocated or drawn.
     """
-    layers: list[nn.Module] = []
-    dims = _layer_dims(config)
-    for position, (_, (fan_in, fan_out)) in enumerate(dims):
-        # skip_init: no default kaiming init, which would consume the global RNG.
-        linear = nn.utils.skip_init(nn.Linear, fan_in, fan_out, bias=config.bias)
+    linear = nn.Linear(fan_in, fan_out, device="meta").to_empty(device=torch.get_default_device())
+    if not linear.weight.is_meta:
         with torch.no_grad():
-            linear.weight.normal_(0.0, fan_in**-0.5, generator=generator)
-            if linear.bias is not None:
-                linear.bias.zero_()
-        layers.append(linear)
-        if position < len(dims) - 1:
-            layers.append(_ACTIVATIONS[config.activation]())
-    return nn.Sequential(*layers)
+            linear.weight.copy_(torch.empty(fan_out, fan_in).normal_(0.0, fan_in**-0.5, generator=generator))
+            linear.bias.zero_()
+    return linear
+
+
+class ProjectionHead(nn.Module):
+    """One head: upstream contrastive-lm's ``make_head`` MLP, same module names and forward."""
+
+    def __init__(self, config: HeadConfig, generator: torch.Generator) -> None:
+        super().__init__()
+        self.inp = _linear(config.hidden_size, config.width, generator)
+        self.hidden = nn.ModuleList(_linear(config.width, config.width, generator) for _ in range(config.depth - 2))
+        self.norms = nn.ModuleList(
+            (nn.LayerNorm(config.width) if config.layernorm else nn.Identity()) for _ in range(config.depth - 2)
+        )
+        self.out = _linear(config.width, config.projection_dim, generator)
+        self.act = _ACTIVATIONS[config.activation]()
+        self.residual = config.residual
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.act(self.inp(x))
+        for lin, norm in zip(self.hidden, self.norms):
+            h = self.act(norm(lin(x)))
+            x = x + h if self.residual else h
+        return self.out(x)
 
 
 class CLMHeadPair(nn.Module):
@@ -112,25 +172,25 @@ class CLMHeadPair(nn.Module):
         super().__init__()
         self.config = config or HeadConfig()
         generator = torch.Generator(device="cpu").manual_seed(seed)
-        self.state_head = _build_head(self.config, generator)
-        self.action_head = _build_head(self.config, generator)
+        self.state_head = ProjectionHead(self.config, generator)
+        self.action_head = ProjectionHead(self.config, generator)
         self.logit_scale = nn.Parameter(torch.tensor(float(self.config.init_logit_scale)))
 
     # -- projections ---------------------------------------------------------------------------
 
     def project_states(self, state_embeddings: torch.Tensor) -> torch.Tensor:
-        """[..., encoder_dim] encoder embeddings → [..., proj_dim] unit vectors."""
+        """[..., hidden_size] encoder embeddings → [..., projection_dim] unit vectors."""
         return self._project(self.state_head, state_embeddings, "state")
 
     def project_actions(self, action_embeddings: torch.Tensor) -> torch.Tensor:
-        """[..., encoder_dim] encoder embeddings → [..., proj_dim] unit vectors."""
+        """[..., hidden_size] encoder embeddings → [..., projection_dim] unit vectors."""
         return self._project(self.action_head, action_embeddings, "action")
 
-    def _project(self, head: nn.Sequential, embeddings: torch.Tensor, what: str) -> torch.Tensor:
-        if embeddings.shape[-1] != self.config.encoder_dim:
+    def _project(self, head: nn.Module, embeddings: torch.Tensor, what: str) -> torch.Tensor:
+        if embeddings.shape[-1] != self.config.hidden_size:
             raise ValueError(
                 f"{what} embeddings have width {embeddings.shape[-1]}, "
-                f"but the heads expect encoder_dim={self.config.encoder_dim}"
+                f"but the heads expect hidden_size={self.config.hidden_size}"
             )
         # Tables store float16; the heads compute in their own dtype.
         projected = head(embeddings.to(self.logit_scale.dtype))
@@ -139,11 +199,12 @@ class CLMHeadPair(nn.Module):
     # -- scoring -------------------------------------------------------------------------------
 
     def effective_scale(self) -> torch.Tensor:
-        """``exp(min(logit_scale, max_logit_scale))``: clamped when used, never rewritten.
+        """``exp(min(logit_scale, log 100))``: clamped when used, never rewritten (upstream's
+        ``exp(logit_scale).clamp(max=100)``).
 
         Past the clamp the gradient on ``logit_scale`` is zero, as in CLIP.
         """
-        return self.logit_scale.clamp(max=self.config.max_logit_scale).exp()
+        return self.logit_scale.clamp(max=MAX_LOGIT_SCALE).exp()
 
     def score(
         self,

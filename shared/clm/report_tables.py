@@ -13,7 +13,7 @@ from typing import Any
 
 TABLE_METRICS = ("accuracy", "nll", "brier", "ece", "rps", "expected_reward")
 NOT_SIGNIFICANT = "n.s."
-PREDICTOR_ORDER = ("before", "after", "majority", "logistic_regression", "best_fixed_option")
+PREDICTOR_ORDER = ("before", "after", "clm-raw", "majority", "logistic_regression", "best_fixed_option")
 
 
 def predictors(report: Mapping[str, Any], split: str) -> list[str]:
@@ -147,3 +147,5 @@ def print_report_tables(report: Mapping[str, Any], splits: Sequence[str] | None 
     for baseline, lines in notes.items():
         for line in lines:
             console.print(f"[dim]{baseline}: {line}[/]")
+    for finding in report.get("findings") or []:  # heads below the untrained encoder: said plainly
+        console.print(f"[bold red]{finding}[/]")

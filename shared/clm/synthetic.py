@@ -69,7 +69,7 @@ DISPOSITION_REWARDS: dict[str, tuple[float, float, float]] = {
     "suspicious": (-1.5, 1.0, 0.3),
     "malicious": (-4.0, 0.3, 1.0),
 }
-ESCALATE_REWARDS = {True: (1.0, -3.0), False: (-0.5, 0.5)}  # (yes, no)
+ESCALATE_REWARDS = {True: (-3.0, 1.0), False: (0.5, -0.5)}  # (no, yes): noul option order
 
 REWARDED_FRACTION = 0.8  # records that carry reward tables
 UNANSWERED_FRACTION = 0.05  # answers left out (unlabelled questions)
@@ -110,7 +110,7 @@ def risk_score(alert: Alert) -> int:
 
 
 def clean_answers(alert: Alert) -> dict[str, int]:
-    """The hidden rules: gold label index per question family (disposition, escalate: 0 = yes, severity level).
+    """The hidden rules: gold label index per question family (disposition, escalate: 1 = yes, severity level).
 
     Every variant of a family (``clm.synthetic_families``) follows its family's rule.
     """
@@ -124,7 +124,7 @@ def clean_answers(alert: Alert) -> dict[str, int]:
         severity = 2 if important_asset else 1
     else:
         severity = {"low": 2, "medium": 3, "high": 3, "critical": 4}[alert.criticality]
-    return {"disposition": disposition, "escalate": 0 if escalate else 1, "severity": severity}
+    return {"disposition": disposition, "escalate": 1 if escalate else 0, "severity": severity}
 
 
 def _sample_alert(rng: random.Random) -> Alert:
@@ -172,7 +172,7 @@ def _noisy(label: int, option_count: int, label_noise: float, rng: random.Random
 def _answer(family: QuestionFamily, variant: QuestionVariant, label: int, rng: random.Random) -> Any:
     """The answer in one of its accepted forms, so consumers of the data exercise each of them."""
     if family.type == "noul":
-        yes = label == 0
+        yes = label == 1
         return yes if rng.random() < 0.5 else ("yes" if yes else "no")
     if family.type == "score":
         return label if rng.random() < 0.5 else family.criteria(variant)[label]
@@ -184,7 +184,7 @@ def _family_rewards(family: QuestionFamily, clean: int) -> tuple[float, ...]:
     if family.name == "disposition":
         return DISPOSITION_REWARDS[DISPOSITIONS[clean]]
     if family.name == "escalate":
-        return ESCALATE_REWARDS[clean == 0]
+        return ESCALATE_REWARDS[clean == 1]
     # Ordinal: each level away from the truth costs half a point.
     return tuple(1.0 - 0.5 * abs(k - clean) for k in range(OPTION_COUNTS[family.name]))
 

@@ -26,6 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from clm.records.questions import NOUL_OPTIONS
+
 # Canonical option order of each family: the rule's label index means this order in every option set.
 DISPOSITIONS = ("benign", "suspicious", "malicious")
 SEVERITY_LEVELS = ("none", "low", "medium", "high", "critical")
@@ -60,7 +62,7 @@ class QuestionFamily:
         """Option ids in canonical order (the order the rule's label index refers to)."""
         criteria = self.criteria(variant)
         if self.type == "noul":
-            return ("yes", "no")
+            return NOUL_OPTIONS
         if self.type == "score":
             return tuple(str(level) for level in range(len(criteria)))
         return tuple(criteria)

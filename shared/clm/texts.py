@@ -1,27 +1,46 @@
 """The text contract (ARCHITECTURE §3): the exact strings the frozen encoder embeds.
 
-The trainer and clm-serve must produce these strings byte for byte, because
-heads trained on one string and served on another silently degrade. So the
-templates live here and nowhere else, and ``TEMPLATE_VERSION`` (part of the
-encoder fingerprint and of every checkpoint) must change whenever any
-output of this module changes; the golden tests in ``tests/unit/test_texts.py``
-pin every template.
+These are the upstream CLM's texts (PyPI ``contrastive-lm`` 0.1.0,
+``clm/schema.py``: ``to_text``, ``state_text``, ``candidates``, ``build_pairs``),
+byte for byte, because the released heads and every head trained here are
+scored on them: heads trained on one string and served another silently
+degrade. So the templates live here and nowhere else, and
+``TEMPLATE_VERSION`` (part of the encoder fingerprint and of every checkpoint)
+must change whenever any output of this module changes;
+``tests/unit/test_texts.py`` pins every template and checks them against
+upstream's ``build_pairs`` on generated requests.
 
-* **state text** of (state, question): the rendered state, then the
-  record-level instructions if any, then the question's instructions (its
-  id when it has none), one labelled line each::
+* **state text** of (state, question): the state rendered as prose
+  (``to_text``: an object becomes ``key: value`` fields in the caller's key
+  order, top-level fields separated by a blank line, nested ones indented by
+  two spaces; an array one ``- item`` line per element), then the question's
+  instructions after a blank line::
 
-      State: {"rule":"impossible travel","user":"j.doe"}
-      Context: You triage alerts for a mid-size company.
-      Question: Escalate to tier 2?
+      rule: impossible travel
 
+      user: j.doe
+
+      countries:
+        - DE
+        - BR
+
+      What is this alert?
+
+  A record's (or request's) top-level ``instructions``, which upstream does
+  not read, go between the two, after a blank line each: state, context,
+  question. Without them the text is upstream's exactly.
 * **option text**: the option alone, never the question, so option texts
-  repeat across records and questions and embed once: ``name`` or
-  ``name: description`` (choice), ``yes``/``no`` with the true/false
-  description (noul), ``index: level name`` (score).
+  repeat across records and questions and embed once: a choice option's
+  description, else its name; a score level's name; a noul option
+  ``false: <what false means>`` / ``true: <what true means>``, defaulting to
+  ``No. This is false: <instructions>`` / ``Yes. This is true: <instructions>``
+  (or the bare ``false``/``true`` when the question has no instructions).
 
-The functions take plain parts (a state, instructions, a question), so a
-serving request without answers renders exactly like a training record.
+Noul options are scored in upstream's order, ``false`` then ``true``; records
+and answers keep the names ``no`` and ``yes`` for them.
+
+Parts of ``to_text`` follow ``clm/schema.py`` of contrastive-lm 0.1.0,
+Copyright the contrastive-lm authors, Apache License 2.0.
 """
 
 from __future__ import annotations
@@ -30,96 +49,77 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-import msgspec
 from pydantic import TypeAdapter
 
-from clm.records.model import SystemOneRequest
-from clm.records.questions import Question, ScoreQuestion
+from clm.records.questions import ChoiceQuestion, NoulQuestion, Question, ScoreQuestion
 
-TEMPLATE_VERSION = "systemone-text-v1"
+TEMPLATE_VERSION = "contrastive-lm-0.1"
+"""Upstream's schema of contrastive-lm 0.1.0 (the previous one, ``systemone-text-v1``, is never served)."""
 
-STATE_LABEL = "State: "
-CONTEXT_LABEL = "Context: "
-QUESTION_LABEL = "Question: "
-OPTION_DESCRIPTION_SEPARATOR = ": "
+PARAGRAPH = "\n\n"
+NOUL_DEFAULT_TEXTS = {"false": "No. This is false: ", "true": "Yes. This is true: "}
+NOUL_TEXT_KEYS = ("false", "true")  # the noul options in model-output order (records call them no, yes)
 
 _QUESTION_ADAPTER: TypeAdapter[Question] = TypeAdapter(Question)
 
 
-def render_state(state: str | Mapping[str, Any]) -> str:
-    """A text state as is; a JSON state canonically (sorted keys, compact, UTF-8 kept as is).
+def to_text(value: Any, indent: int = 0) -> str:
+    """A state, description or instructions (string, number, object, array) as plain text; key order kept."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return str(value)
+    pad = " " * indent
+    if isinstance(value, dict):
+        fields = [
+            f"{pad}{key}:\n{to_text(child, indent + 2)}" if isinstance(child, (dict, list)) and child
+            else f"{pad}{key}: {to_text(child)}"
+            for key, child in value.items()
+        ]
+        return (PARAGRAPH if indent == 0 else "\n").join(fields)
+    if isinstance(value, (list, tuple)):
+        return "\n".join(
+            f"{pad}-\n{to_text(child, indent + 2)}" if isinstance(child, (dict, list)) and child
+            else f"{pad}- {to_text(child)}"
+            for child in value
+        )
+    return json.dumps(value, ensure_ascii=False)
 
-    Canonical JSON makes two requests with the same state but a different key
-    order embed to the same cached vector. The canonical text is
-    ``json.dumps(sort_keys=True, separators=(",", ":"), ensure_ascii=False)``;
-    msgspec writes the same bytes ~15x faster for states of strings, moderate
-    ints, booleans, nulls, objects and arrays (every code point escapes alike:
-    tests/unit/test_texts.py), but spells floats' exponents differently
-    (``1e22`` vs ``1e+22``), so a state holding a float takes ``json.dumps``.
+
+def render_state(state: Any) -> str:
+    """The state part of every state text of a record: ``to_text(state)``, stripped."""
+    return to_text(state).strip()
+
+
+def state_text_tail(question_instructions: Any, record_instructions: Any = None) -> str:
+    """What follows the rendered state: the same for every record asking the same question.
+
+    ``state_text`` is ``join_state(render_state(state), state_text_tail(...))``; the compact loader
+    builds the tail once per question family, so 3x10^6 state texts cost one join each.
     """
-    if isinstance(state, str):
-        return state
-    if isinstance(state, Mapping):
-        if type(state) is dict and _msgspec_spells_like_json(state):
-            return _encode_sorted(state).decode()
-        return json.dumps(state, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    raise TypeError(f"a state is a string or a JSON object, got {type(state).__name__}")
+    parts = (to_text(record_instructions).strip(), to_text(question_instructions).strip())
+    return PARAGRAPH.join(part for part in parts if part)
 
 
-_encode_sorted = msgspec.json.Encoder(order="sorted").encode
-_INT_RANGE = range(-(2**63), 2**63)  # far below the int-to-text digit limit, where json.dumps would raise
+def join_state(rendered_state: str, tail: str) -> str:
+    """Context first, question last, a blank line between (either may be empty)."""
+    return f"{rendered_state}{PARAGRAPH}{tail}" if rendered_state and tail else (rendered_state or tail)
 
 
-def _msgspec_spells_like_json(value: dict | list) -> bool:
-    """True when ``value`` holds only what msgspec and json write byte for byte alike (no float, no subclass)."""
-    if type(value) is dict:
-        for key in value:
-            if type(key) is not str:  # json.dumps writes int keys as text, or refuses to sort mixed ones
-                return False
-        children = value.values()
-    else:
-        children = value
-    for child in children:
-        kind = type(child)
-        if kind is str or kind is bool or child is None:
-            continue
-        if kind is int:
-            if child not in _INT_RANGE:
-                return False
-        elif kind is dict or kind is list:
-            if not _msgspec_spells_like_json(child):
-                return False
-        else:
-            return False
-    return True
+def state_text(state: Any, question_instructions: Any, record_instructions: Any = None) -> str:
+    """The state text of one (state, question) pair. ``state`` may already be rendered (a string)."""
+    return join_state(render_state(state), state_text_tail(question_instructions, record_instructions))
 
 
-def state_text(
-    state: str | Mapping[str, Any],
-    question_id: str,
-    question_instructions: str | None,
-    record_instructions: str | None = None,
-) -> str:
-    """The state text of one (state, question) pair."""
-    return STATE_LABEL + render_state(state) + state_text_tail(question_id, question_instructions, record_instructions)
-
-
-def state_text_tail(question_id: str, question_instructions: str | None, record_instructions: str | None = None) -> str:
-    """What follows the rendered state in a state text: the same for every record asking the same question.
-
-    ``state_text`` is ``STATE_LABEL + render_state(state) + state_text_tail(...)``;
-    the compact loader builds the tail once per question family, and then
-    3x10^6 state texts cost one concatenation each.
-    """
-    context = "\n" + CONTEXT_LABEL + record_instructions if record_instructions else ""
-    return context + "\n" + QUESTION_LABEL + (question_instructions or question_id)
-
-
-def state_texts(request: SystemOneRequest) -> dict[str, str]:
+def state_texts(request: Any) -> dict[str, str]:
     """State text per question id, in question order, for a request or a record (renders the state once)."""
     rendered = render_state(request.state)
     return {
-        question_id: state_text(rendered, question_id, question.instructions, request.instructions)
+        question_id: join_state(rendered, state_text_tail(question.instructions, request.instructions))
         for question_id, question in request.questions.items()
     }
 
@@ -132,14 +132,22 @@ def as_question(question: Question | Mapping[str, Any]) -> Question:
 
 
 def option_texts(question: Question | Mapping[str, Any]) -> tuple[str, ...]:
-    """One text per option, in the question's model-output order."""
+    """One text per option, in the question's model-output order (upstream's ``candidates``)."""
     question = as_question(question)
-    if isinstance(question, ScoreQuestion):
-        # Levels always have a name, so a score option always reads "index: name".
+    if isinstance(question, ChoiceQuestion):
         return tuple(
-            f"{index}{OPTION_DESCRIPTION_SEPARATOR}{name}" for index, name in enumerate(question.criteria)
+            name if description in (None, "") else to_text(description)
+            for name, description in question.criteria.items()
         )
-    return tuple(
-        option if description is None else f"{option}{OPTION_DESCRIPTION_SEPARATOR}{description}"
-        for option, description in zip(question.option_ids(), question.option_descriptions())
-    )
+    if isinstance(question, ScoreQuestion):
+        return tuple(to_text(level) for level in question.criteria)
+    assert isinstance(question, NoulQuestion)
+    instructions = to_text(question.instructions).strip()
+    described = question.criteria.as_dict() if question.criteria is not None else {}
+    texts = []
+    for key in NOUL_TEXT_KEYS:
+        description = described.get(key)
+        if description in (None, ""):
+            description = NOUL_DEFAULT_TEXTS[key] + instructions if instructions else key
+        texts.append(f"{key}: {to_text(description)}")
+    return tuple(texts)

@@ -124,7 +124,7 @@ def raw_config(tiny_qwen3_dir, splits, tmp_path_factory) -> dict:
         "data": {split: str(path) for split, path in splits.items()},
         "encoder": {"model": str(tiny_qwen3_dir), "max_tokens": 128, "device": "cpu"},
         "cache": {"dir": str(root / "cache")},
-        "heads": {"config": {"proj_dim": 16}, "seed": 2},
+        "heads": {"config": {"width": 32, "projection_dim": 16}, "seed": 2},
         "train": {"epochs": 2, "batch_size": 8, "seed": 3},
         "output": {"checkpoint_root": str(root / "checkpoints"), "name": "conformance",
                    "report_dir": str(root / "report")},
@@ -152,9 +152,10 @@ def test_cfg_is_the_recipe_config(raw_config):
 def test_the_encoder_default_is_the_documented_contract_and_the_example_states_minilm_mean():
     """"last-token pooling, L2 normalisation and causal attention (Qwen3-8B)"; the bundled example is for CPUs."""
     encoder = RecipeConfig.model_validate({"data": {"train": "t", "validation": "v"}}).encoder
-    assert (encoder.model, encoder.pooling, encoder.normalize) == ("Qwen/Qwen3-Embedding-8B", "last", True)
+    assert (encoder.model, encoder.pooling, encoder.normalize, encoder.max_tokens) == ("Qwen/Qwen3-8B", "last",
+                                                                                        True, 2048)
     example = load_config(REPO_ROOT / "examples" / "decision" / "clm_soc_triage.yaml").encoder
-    assert (example.model, example.pooling, example.device) == ("minilm", "mean", "cpu")
+    assert (example.model, example.pooling, example.max_tokens, example.device) == ("minilm", "mean", 256, "cpu")
 
 
 def test_setup_makes_sure_every_text_has_a_cached_embedding(recipe, raw_config, splits):

@@ -446,11 +446,14 @@ def _write_version(name_dir: Path, label: str, heads: CLMHeadPair, fingerprint: 
     staging.rename(name_dir / label)
 
 
+SMALL_HEADS = HeadConfig(hidden_size=128, width=64, projection_dim=32)
+
+
 def test_corrupt_checkpoint_never_serves(stack, embedder, fingerprint, root, fault_report):
     """Truncated or corrupted checkpoint moved to latest: never served, clm-serve keeps v0001 and reports the error."""
     name = "faults-corrupt"
     checkpoint_root = stack.checkpoint_root
-    good = CLMHeadPair(HeadConfig(encoder_dim=128, proj_dim=32), seed=1)
+    good = CLMHeadPair(SMALL_HEADS, seed=1)
     v1 = publish_checkpoint(checkpoint_root, name, good, fingerprint, metrics={"good": True})
     serve = Serve(root / "logs", checkpoint_root, name, embedder.url).start()
     served: dict[str, int] = {}
@@ -480,8 +483,7 @@ def test_corrupt_checkpoint_never_serves(stack, embedder, fingerprint, root, fau
         damages = ["bit flips", "truncated, manifest rewritten to match", "truncated, no manifest"]
         for number, damage in enumerate(damages, start=2):
             label = f"v{number:04d}"
-            _write_version(checkpoint_root / name, label, CLMHeadPair(HeadConfig(encoder_dim=128, proj_dim=32),
-                                                                       seed=number), fingerprint, damage)
+            _write_version(checkpoint_root / name, label, CLMHeadPair(SMALL_HEADS, seed=number), fingerprint, damage)
             (checkpoint_root / name / "latest").write_text(f"{label}\n")  # latest moves onto the damaged version
 
             def refused_now() -> bool:
@@ -502,8 +504,7 @@ def test_corrupt_checkpoint_never_serves(stack, embedder, fingerprint, root, fau
         thread.join(timeout=30)
 
         # A good version after the bad ones is picked up as usual.
-        good_next = publish_checkpoint(checkpoint_root, name, CLMHeadPair(HeadConfig(encoder_dim=128, proj_dim=32),
-                                                                          seed=9), fingerprint)
+        good_next = publish_checkpoint(checkpoint_root, name, CLMHeadPair(SMALL_HEADS, seed=9), fingerprint)
         wait_for(lambda: serve.heads()["version"] == good_next.label, 30, "clm-serve to load the next good version")
         metrics_text = httpx.get(f"{serve.url}/metrics", timeout=10).text
     finally:

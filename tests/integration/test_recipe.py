@@ -50,7 +50,7 @@ def base_config(tiny_encoder, soc_data, warm_cache, tmp_path) -> dict:
                  "test": str(soc_data["test"])},
         "encoder": {"backend": "local", "model": str(tiny_encoder), "pooling": "last", "max_tokens": 128},
         "cache": {"dir": str(warm_cache)},
-        "heads": {"config": {"proj_dim": 32}, "seed": 3},
+        "heads": {"config": {"width": 64, "projection_dim": 32}, "seed": 3},
         "loss": {"mode": "sft", "kl_coef": 0.1, "anchor_weight": 0.1},
         "train": {"epochs": 2, "batch_size": 16, "lr": 0.01, "seed": 5},
         "output": {"checkpoint_root": str(tmp_path / "checkpoints"), "name": "heads",
@@ -384,3 +384,53 @@ def test_a_job_starting_while_the_embedder_is_down_waits_for_it(tiny_encoder, tm
     assert dim == 128 and fingerprint.pooling == "last"
     assert notices and "embedder unavailable" in notices[0]
     assert "service" in started  # the identity came from the embedder started after the first retry
+
+
+def test_an_upstream_file_is_evaluated_trained_from_and_compared_under_its_assumed_encoder(
+        base_config, tiny_encoder, tmp_path, capsys):
+    """A bare upstream-format .pt (no fingerprint, like CLM_v0.1-8B.pt) as heads.init_checkpoint and in
+    ``clm eval --compare``: refused under the default assumption (the reference Qwen3-8B contract), accepted
+    once heads.assumed_encoder names this run's encoder; it scores exactly like the same heads in our format,
+    and a run from it keeps its shape."""
+    from clm.checkpoint import checkpoint_sha256, save_checkpoint
+    from clm.heads import CLMHeadPair, HeadConfig
+    from clm.recipes.config import ConfigError
+    from support.upstream import write_upstream_file
+
+    contract = TrainCLMHeadsRecipe(build_config(base_config))._embedding_config()
+    shape = HeadConfig(hidden_size=contract.dim, width=48, depth=3, projection_dim=24, layernorm=True)
+    heads = CLMHeadPair(shape, seed=1)
+    released = write_upstream_file(tmp_path / "released" / "CLM_v0.1-tiny.pt", heads)
+    eval_mode = {"mode": "eval", "heads.init_checkpoint": str(released)}
+    with pytest.raises(ConfigError, match=r"heads.init_checkpoint .*CLM_v0.1-tiny.pt: the assumed encoder "
+                                          r"Qwen/Qwen3-8B .* does not fit the file's cfg hidden_size"):
+        run(base_config, eval_mode)
+    with pytest.raises(ConfigError, match=r"assumed 'Qwen/Qwen3-8B' vs encoder 'tiny-qwen3'"):
+        run(base_config, {**eval_mode, "heads.assumed_encoder.width": None})
+    too_wide = write_upstream_file(tmp_path / "released" / "wide.pt",
+                                   CLMHeadPair(HeadConfig(hidden_size=4096, width=8, projection_dim=8)))
+    with pytest.raises(ConfigError, match=rf"4096-wide embeddings \(cfg hidden_size\), but the encoder tiny-qwen3 "
+                                          rf".* gives {contract.dim}-wide vectors"):
+        run(base_config, {**eval_mode, "heads.init_checkpoint": str(too_wide)})
+
+    assumed = {"heads.assumed_encoder.model": "tiny-qwen3", "heads.assumed_encoder.width": contract.dim}
+    from_upstream = run(base_config, {**eval_mode, **assumed, "output.report_dir": str(tmp_path / "r-up")})
+    save_checkpoint(tmp_path / "ours", heads, contract.fingerprint)
+    from_ours = run(base_config, {"mode": "eval", "heads.init_checkpoint": str(tmp_path / "ours"),
+                                  "output.report_dir": str(tmp_path / "r-ours")})
+    assert from_upstream.before["validation"]["overall"] == pytest.approx(from_ours.before["validation"]["overall"])
+    assert from_ours.texts_embedded == 0  # the same texts: the first run's table answers
+
+    trained = run(base_config, {"heads.init_checkpoint": str(released), **assumed, "train.epochs": 1})
+    child = load_checkpoint(trained.checkpoint.path)
+    assert child.config == shape  # the file's shape, not heads.config's width 64
+    assert child.parent == checkpoint_sha256(released) and child.encoder == contract.fingerprint
+
+    config_path = tmp_path / "recipe.json"
+    config_path.write_text(json.dumps(base_config))
+    overrides = [item for key, value in assumed.items() for item in (f"--{key}", str(value))]
+    code = clm_main(["eval", "--config", str(config_path), "--compare", str(released), str(tmp_path / "ours"),
+                     "--json", str(tmp_path / "compare.json"), "--no-progress", "--replicates", "20", *overrides])
+    assert code == 0, capsys.readouterr().err
+    compared = json.loads((tmp_path / "compare.json").read_text())["splits"]["validation"]["metrics"]
+    assert compared["A"] == pytest.approx(compared["B"])  # the same heads, two formats

@@ -44,7 +44,7 @@ def recipe_config(root: Path, model: Path, splits: dict[str, Path], cache: str) 
         "encoder": {"backend": "local", "model": str(model), "pooling": "auto", "max_tokens": 128,
                     "device": "auto", "chunk_texts": CHUNK_TEXTS},
         "cache": {"dir": str(root / cache)},
-        "heads": {"config": {"proj_dim": 16}, "seed": 1},
+        "heads": {"config": {"width": 32, "projection_dim": 16}, "seed": 1},
         "train": {"epochs": 1, "batch_size": 8},
         "output": {"checkpoint_root": str(root / "checkpoints"), "name": "heads",
                    "report_dir": str(root / "report")},

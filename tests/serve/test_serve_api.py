@@ -9,7 +9,16 @@ import jsonschema
 import pytest
 from pydantic import SecretStr
 
-from support.serve import TRIAGE_REQUEST, assert_vllm_error, publish, serve_in_process, serve_settings, wait_for
+from clm.checkpoint import publish_checkpoint
+from support.serve import (
+    HEADS_NAME,
+    TRIAGE_REQUEST,
+    assert_vllm_error,
+    publish,
+    serve_in_process,
+    serve_settings,
+    wait_for,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -81,7 +90,6 @@ async def test_invalid_requests_get_vllms_400(tmp_path, tiny_model_dir, tiny_enc
         ({**variant(q={"type": "noul"}), "images": ["https://x/y.png"]}, "does not take image inputs"),
         ({**variant(q={"type": "noul"}), "audio": ["data:audio/wav;base64,AAAA"]}, "does not take audio inputs"),
         ({"questions": {"q": {"type": "noul"}}}, "state"),  # missing state: a validation error
-        ({**variant(q={"type": "noul"}), "state": [1, 2]}, "state must be a string or a JSON object"),
         ({**variant(q={"type": "noul"}), "cache_salt": ""}, "cache_salt"),
     ]
     async with serve_in_process(serve_settings(tmp_path, tiny_model_dir), tiny_encoder) as (client, _):
@@ -90,6 +98,10 @@ async def test_invalid_requests_get_vllms_400(tmp_path, tiny_model_dir, tiny_enc
             assert error["type"] == "BadRequestError"
         response = await client.post("/v1/systemone", content=b"{not json", headers={"content-type": "application/json"})
         assert_vllm_error(response, 400, schemas)
+        # A non-finite number anywhere in the state has no JSON text: refused, naming where it is.
+        infinite = b'{"state": {"x": [1, {"y": Infinity}]}, "questions": {"q": {"type": "noul"}}}'
+        response = await client.post("/v1/systemone", content=infinite, headers={"content-type": "application/json"})
+        assert_vllm_error(response, 400, schemas, "state.x[1].y")
         error = assert_vllm_error(await client.post("/v1/systemone", json={**TRIAGE_REQUEST, "model": "gpt-4"}),
                                   404, schemas, "The model `gpt-4` does not exist. Valid aliases: clm.")
         assert error["type"] == "NotFoundError" and error["param"] == "model"
@@ -105,6 +117,9 @@ async def test_invalid_requests_get_vllms_400(tmp_path, tiny_model_dir, tiny_enc
         jsonschema.validate(empty, schemas["structured_decision_request"])
         assert (await client.post("/v1/systemone", json=empty)).status_code == 200
         parse_record({"id": "r-empty", "state": "", "questions": TRIAGE_REQUEST["questions"]})
+        # Any JSON state is rendered (an array as "- item" lines), as the upstream CLM renders it.
+        assert (await client.post("/v1/systemone", json={**TRIAGE_REQUEST, "state": [1, {"a": "b"}]})).status_code == 200
+        parse_record({"id": "r-array", "state": [1, {"a": "b"}], "questions": TRIAGE_REQUEST["questions"]})
 
 
 async def test_no_heads_means_503_and_not_ready(tmp_path, tiny_model_dir, tiny_encoder, fingerprint, schemas):
@@ -205,6 +220,51 @@ async def test_a_single_checkpoint_is_served_without_watching(tmp_path, tiny_mod
         outcome = await app.state.runtime.manager.reload("poll")
         assert outcome.status == "unchanged" and outcome.target == str(bare), outcome
         assert (await client.get("/v1/heads")).json()["sha256"] == published.sha256
+
+
+async def test_an_upstream_head_file_is_served_under_its_assumed_encoder(tmp_path, tiny_model_dir, tiny_encoder,
+                                                                        fingerprint, schemas):
+    """``CLM_CKPT=CLM_v0.1-8B.pt``: an upstream-format file with none of our keys. Under the default assumption
+    (the reference Qwen3-8B contract) it is refused naming both encoders; once CLM_SERVE_ASSUMED_ENCODER_*
+    names the tiny encoder, it answers exactly like the same heads in our own format."""
+    from support.serve import make_heads
+    from support.upstream import write_upstream_file
+
+    heads = make_heads(4, hidden_size=tiny_encoder.dim)
+    released = write_upstream_file(tmp_path / "hub" / "CLM_v0.1-tiny.pt", heads)
+    async with serve_in_process(serve_settings(tmp_path, tiny_model_dir, ckpt=released), tiny_encoder,
+                                wait_ready=False) as (client, _):
+        await wait_for(client, lambda: _has_error(client, "CLM_v0.1-tiny.pt"), what="refusal")
+        message = (await client.get("/v1/heads")).json()["last_error"]["message"]
+        assert "CLM_v0.1-tiny.pt" in message and "Qwen/Qwen3-8B" in message and "hidden_size 128" in message
+        assert_vllm_error(await client.post("/v1/systemone", json=TRIAGE_REQUEST), 503, schemas)
+    async with serve_in_process(serve_settings(tmp_path, tiny_model_dir, ckpt=released, assumed_encoder_width=0),
+                                tiny_encoder, wait_ready=False) as (client, _):
+        await wait_for(client, lambda: _has_error(client, "CLM_v0.1-tiny.pt"), what="refusal")
+        message = (await client.get("/v1/heads")).json()["last_error"]["message"]
+        assert f"model: assumed 'Qwen/Qwen3-8B' vs encoder '{fingerprint.model}'" in message
+
+    published = publish_checkpoint(tmp_path / "ours", HEADS_NAME, heads, fingerprint)
+    answers = {}
+    for label, settings in (
+        ("upstream", serve_settings(tmp_path, tiny_model_dir, ckpt=released, assumed_encoder_model=fingerprint.model,
+                                    assumed_encoder_width=tiny_encoder.dim)),
+        ("ours", serve_settings(tmp_path, tiny_model_dir, ckpt=published.path)),
+    ):
+        async with serve_in_process(settings, tiny_encoder) as (client, _):
+            response = await client.post("/v1/systemone", json=TRIAGE_REQUEST)
+            assert response.status_code == 200, response.text
+            answers[label] = response.json()["answers"]
+            info = (await client.get("/v1/heads")).json()
+            if label == "upstream":
+                assert info["path"] == str(released) and info["fingerprint"] is None
+                assert info["assumed_encoder"] == {"model": fingerprint.model, "pooling": "last", "normalize": True,
+                                                   "width": tiny_encoder.dim}
+                assert info["config"]["width"] == 96 and info["version"].startswith("sha256:")
+            else:
+                assert info["fingerprint"] == fingerprint.as_dict() and info["assumed_encoder"] is None
+    for qid, answer in answers["ours"].items():
+        assert answers["upstream"][qid]["probabilities"] == pytest.approx(answer["probabilities"], abs=1e-6)
 
 
 async def test_action_cache_and_micro_batching(tmp_path, tiny_model_dir, tiny_encoder, fingerprint):

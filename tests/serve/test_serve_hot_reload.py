@@ -26,7 +26,7 @@ from clm.checkpoint.store import version_label
 from clm.durable import atomic_write_bytes, sha256_file
 from clm_devtools.procs import ManagedProcess, free_port, wait_http
 from clm.texts import option_texts, state_text
-from support.serve import HEADS_NAME, MAX_TOKENS, TRIAGE_REQUEST, make_heads, publish
+from support.serve import HEADS_NAME, MAX_TOKENS, TRIAGE_REQUEST, answer_probs, make_heads, publish
 
 CLIENTS = 8
 
@@ -50,7 +50,7 @@ def _publish_broken(root: Path, kind: str, fingerprint, marker: Path) -> str:
     pt = staging / PT_FILE
     if kind == "nan":
         payload = torch.load(pt, weights_only=True)
-        payload["state_dict"]["action_head.0.weight"][0, 0] = float("nan")
+        payload["action_head"]["inp.weight"][0, 0] = float("nan")
         torch.save(payload, pt)
     elif kind == "truncated":
         pt.write_bytes(pt.read_bytes()[: pt.stat().st_size // 2])
@@ -72,7 +72,7 @@ async def _expected_probs(heads, encoder) -> list[list[float]]:
     """The request's probabilities under ``heads``, from the heads' own forward (float16-rounded
     embeddings, as served), encoding in the same calls the server makes (states, then options)."""
     questions = TRIAGE_REQUEST["questions"]
-    state = [state_text(TRIAGE_REQUEST["state"], qid, q["instructions"], TRIAGE_REQUEST["instructions"])
+    state = [state_text(TRIAGE_REQUEST["state"], q["instructions"], TRIAGE_REQUEST["instructions"])
              for qid, q in questions.items()]
     options = [option_texts(q) for q in questions.values()]
     flat = [t for group in options for t in group]
@@ -154,7 +154,7 @@ async def _scenario(url: str, root: Path, fingerprint, marker: Path):
                     failures.append((response.status_code, response.text))
                     continue
                 body = response.json()
-                probs = [list(a["probabilities"].values()) for a in body["answers"].values()]
+                probs = [answer_probs(body["answers"][qid], question) for qid, question in TRIAGE_REQUEST["questions"].items()]
                 responses[index].append((response.headers["X-CLM-Heads-Version"], body["system_fingerprint"], probs))
 
     async def until(predicate, what: str, timeout: float = 30.0) -> None:

@@ -43,7 +43,10 @@ def test_response_model_has_vllms_fields(schemas):
                          ids=lambda case: case["qid"])
 def test_answers_equal_vllms_value_by_value(case):
     question = build_question(case["qid"], case["type"], "", case["criteria"], max_options=64)
-    assert question.type.answer(question, case["probs"], case["label_mass"]) == case["answer"]
+    # vLLM lists a noul's probabilities as (yes, no); a CLM scores upstream's order (false, true) = (no, yes).
+    probs = case["probs"][::-1] if case["type"] == "noul" else case["probs"]
+    assert question.option_ids == (("no", "yes") if case["type"] == "noul" else question.option_ids)
+    assert question.type.answer(question, probs, case["label_mass"]) == case["answer"]
 
 
 @pytest.mark.parametrize(("type_name", "criteria", "message"), [
@@ -70,13 +73,14 @@ def test_refusals_of_the_text_contract_name_the_question():
 
 
 def test_option_texts_are_the_text_contracts():
-    """The same strings the trainer embeds, including vLLM's leniencies (non-string descriptions, "" = none)."""
+    """The same strings the trainer embeds, including the leniencies (non-string descriptions, "" = none)."""
     choice = build_question("d", "choice", "", {"benign": "expected", "odd": None, "n": 3, "e": ""}, 64)
-    assert choice.option_texts == ("benign: expected", "odd", "n: 3", "e")
+    assert choice.option_texts == ("expected", "odd", "3", "e")
     assert choice.option_texts == option_texts(
-        {"type": "choice", "criteria": {"benign": "expected", "odd": None, "n": "3", "e": None}})
-    noul = build_question("e", "noul", "", {"true": "act now"}, 64)
-    assert noul.option_texts == option_texts({"type": "noul", "criteria": {"true": "act now"}}) == ("yes: act now", "no")
-    assert build_question("e", "noul", None, None, 64).option_texts == ("yes", "no")
+        {"type": "choice", "criteria": {"benign": "expected", "odd": None, "n": 3, "e": None}})
+    noul = build_question("e", "noul", "Act?", {"true": "act now"}, 64)
+    assert noul.option_texts == option_texts({"type": "noul", "instructions": "Act?", "criteria": {"true": "act now"}})
+    assert noul.option_texts == ("false: No. This is false: Act?", "true: act now")
+    assert build_question("e", "noul", None, None, 64).option_texts == ("false: false", "true: true")
     score = build_question("s", "score", "", ["none", "low", "high"], 64)
-    assert score.option_texts == ("0: none", "1: low", "2: high") and score.type_id == 2
+    assert score.option_texts == ("none", "low", "high") and score.type_id == 2

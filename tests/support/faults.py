@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 
+from clm_devtools.devstack import start_embedder
 from clm_devtools.procs import ManagedProcess, free_port, start_redis, wait_http, wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -115,12 +116,19 @@ class Embedder(_Restartable):
     def __init__(self, log_dir: Path, cache_dir: Path, *, model: Path, redis_url: str = "", backend: str = "local",
                  extra_env: dict[str, str] | None = None) -> None:
         env = {"CLM_EMBEDDER_PORT": "", "CLM_EMBEDDER_BACKEND": backend, "CLM_EMBEDDER_MODEL": str(model),
-               "CLM_EMBEDDER_POOLING": "last", "CLM_EMBEDDER_REDIS_URL": redis_url,
+               "CLM_EMBEDDER_POOLING": "last", "CLM_EMBEDDER_MAX_TOKENS": "256", "CLM_EMBEDDER_REDIS_URL": redis_url,
                "CLM_EMBEDDER_DISK_CACHE_DIR": str(cache_dir), "CLM_EMBEDDER_DISK_CACHE_MAP_SIZE_GB": "1",
                **(extra_env or {})}
         super().__init__(log_dir, env, [sys.executable, "-m", "clm_embedder"])
         self.env["CLM_EMBEDDER_PORT"] = str(self.port)
         self.cache_dir = cache_dir
+
+
+def exact_embedder(root: Path, model: Path, *, max_tokens: int) -> ManagedProcess:
+    """A started embedder over ``model`` (in-process, last-token pooling) whose cache keeps float32
+    vectors, so a cached answer equals the encoder's own output exactly; the caller stops it."""
+    return start_embedder(root / "logs", cache_dir=root / "cache", model=str(model), pooling="last",
+                          max_tokens=max_tokens, extra_env={"CLM_EMBEDDER_CACHE_DTYPE": "float32"})
 
 
 class Serve(_Restartable):
@@ -150,7 +158,7 @@ def job_config(*, name: str, epochs: int, data_prefix: str = "", seed: int = 0) 
         "mode": "train",
         "data": {split: f"data/{data_prefix}{split}.jsonl" for split in ("train", "validation", "test")},
         "encoder": {"backend": "embedder", "pooling": "last", "batch_size": 8},
-        "heads": {"config": {"proj_dim": 32}, "seed": seed},
+        "heads": {"config": {"width": 64, "projection_dim": 32}, "seed": seed},
         "loss": {"mode": "sft"},
         "train": {"epochs": epochs, "batch_size": 8, "eval_batch_size": 64, "lr": 3e-3, "seed": seed},
         "output": {"name": name},

@@ -33,9 +33,10 @@ def assert_vllm_error(response: httpx.Response, status: int, schemas: dict, cont
     return body["error"]
 
 
-def make_heads(seed: int, encoder_dim: int = 128, proj_dim: int = 64, logit_scale: float = 3.0) -> CLMHeadPair:
+def make_heads(seed: int, hidden_size: int = 128, width: int = 96, projection_dim: int = 64,
+               logit_scale: float = 3.0) -> CLMHeadPair:
     """Small heads; a higher scale than CLIP's init spreads the probabilities so versions differ visibly."""
-    heads = CLMHeadPair(HeadConfig(encoder_dim=encoder_dim, proj_dim=proj_dim), seed=seed)
+    heads = CLMHeadPair(HeadConfig(hidden_size=hidden_size, width=width, projection_dim=projection_dim), seed=seed)
     with torch.no_grad():
         heads.logit_scale.fill_(logit_scale)
     return heads
@@ -102,6 +103,14 @@ async def wait_for(client, predicate, *, timeout: float = 30.0, what: str = "con
         await asyncio.sleep(0.05)
     heads = (await client.get("/v1/heads")).json()
     raise AssertionError(f"timed out waiting for {what}; /v1/heads: {heads}")
+
+
+def answer_probs(answer: dict, question: dict) -> list[float]:
+    """An answer's probabilities in the heads' option order: the records' question model's (a noul
+    answer lists ``yes`` first, as vLLM's does, while the heads score ``no``, ``yes``)."""
+    from clm.texts import as_question
+
+    return [answer["probabilities"][option] for option in as_question(question).option_ids()]
 
 
 TRIAGE_REQUEST = {

@@ -57,7 +57,7 @@ def recipe_config(model_dir: Path | None = None, *, epochs: int = 3, name: str =
         "mode": "train",
         "data": {split: f"data/{data_prefix}{split}.jsonl" for split in ("train", "validation", "test")},
         "encoder": encoder,
-        "heads": {"config": {"proj_dim": 32}},
+        "heads": {"config": {"width": 64, "projection_dim": 32}},
         "loss": {"mode": "sft"},
         "train": {"epochs": epochs, "batch_size": 8, "eval_batch_size": 64, "lr": 3e-3},
         "output": {"name": name},

@@ -58,7 +58,8 @@ def embedder(stack_root, tiny_qwen3_dir):
     port = free_port()
     process = ManagedProcess("embedder", [sys.executable, "-m", "clm_embedder"], stack_root / "logs" / "embedder.log",
                              env={"CLM_EMBEDDER_BACKEND": "local", "CLM_EMBEDDER_MODEL": str(tiny_qwen3_dir),
-                                  "CLM_EMBEDDER_PORT": str(port), "CLM_EMBEDDER_REDIS_URL": "",
+                                  "CLM_EMBEDDER_MAX_TOKENS": "256", "CLM_EMBEDDER_PORT": str(port),
+                                  "CLM_EMBEDDER_REDIS_URL": "",
                                   "CLM_EMBEDDER_DISK_CACHE_DIR": str(stack_root / "embedder-cache"),
                                   "OMP_NUM_THREADS": "1"}).start()
     url = f"http://127.0.0.1:{port}"

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from clm.baselines import MIN_LABELS, fit_baselines, score_baselines
-from clm.comparison import worth_it_sections
+from clm.baselines import MIN_LABELS, RAW_BASELINE, RAW_SCALE, fit_baselines, score_baselines
+from clm.comparison import raw_encoder_findings, worth_it_sections
 from clm.embedding_table import EmbeddingTable
 from clm.generalisation import (
     SEEN_OPTIONS,
@@ -69,19 +69,33 @@ def test_each_baseline_predicts_what_its_definition_says(fitted_setup):
     table, train, evaluation = fitted_setup
     scored, info = score_baselines(table, train, {"validation": evaluation})
     by_name = {name: [q.probs for q in questions] for name, questions in scored["validation"].items()}
-    # majority: (counts + 1) / (n + K): alert 10 yes / 30 no -> (11/42, 31/42); colour 9 green of 3 options.
-    assert by_name["majority"][0] == pytest.approx([11 / 42, 31 / 42])
+    # majority: (counts + 1) / (n + K): alert 30 no / 10 yes -> (31/42, 11/42) in noul order (no, yes);
+    # colour 9 green of 3 options.
+    assert by_name["majority"][0] == pytest.approx([31 / 42, 11 / 42])
     assert by_name["majority"][2] == pytest.approx([1 / 12, 10 / 12, 1 / 12])
     assert by_name["majority"][3] == pytest.approx([0.5, 0.5])  # never trained on: uniform
     # The regression reads the state: hot -> yes, cold -> no; colour falls back to majority, with a note.
-    assert by_name["logistic_regression"][0][0] > 0.8 and by_name["logistic_regression"][1][1] > 0.8
+    assert by_name["logistic_regression"][0][1] > 0.8 and by_name["logistic_regression"][1][0] > 0.8
     assert by_name["logistic_regression"][2] == pytest.approx(by_name["majority"][2])
     assert info["notes"]["logistic_regression"] == [
         f"colour: {MIN_LABELS - 1} labelled train answers in 1 class(es) (needs {MIN_LABELS} and 2): majority used instead"]
     # Best fixed option: "no" has the higher mean train reward; colour has no rewards: uniform.
-    assert by_name["best_fixed_option"][0] == pytest.approx([0.0, 1.0])
+    assert by_name["best_fixed_option"][0] == pytest.approx([1.0, 0.0])
     assert by_name["best_fixed_option"][2] == pytest.approx([1 / 3] * 3)
     assert info["unseen_questions"] == {"validation": ["unseen"]}
+    # clm-raw: softmax of 100 x cosine in the table's own space, for every question (the unseen one too).
+    for record_questions, probs in zip([q for r in evaluation for q in r.questions], by_name[RAW_BASELINE]):
+        vectors = table.vectors([record_questions.state_row, *record_questions.option_rows]).numpy().astype(float)
+        vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+        logits = RAW_SCALE * vectors[1:] @ vectors[0]
+        assert probs == pytest.approx(np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum())
+
+
+def test_without_a_training_split_only_clm_raw_is_scored(fitted_setup):
+    table, _, evaluation = fitted_setup
+    scored, info = score_baselines(table, None, {"validation": evaluation})
+    assert list(scored["validation"]) == [RAW_BASELINE] and "no training split" in info["missing"]
+    assert len(scored["validation"][RAW_BASELINE]) == sum(len(r.questions) for r in evaluation)
 
 
 def test_generalisation_groups_split_questions_by_what_training_contained(fitted_setup):
@@ -89,8 +103,10 @@ def test_generalisation_groups_split_questions_by_what_training_contained(fitted
     groups = generalisation_groups(TrainingVocabulary.of(train), evaluation)
     assert groups[SEEN_QUESTION].tolist() == [True, True, True, False]
     assert groups[UNSEEN_QUESTION].tolist() == [False, False, False, True]
-    # The unseen noul question's options are yes/no: texts training contained (no descriptions either way).
-    assert groups[SEEN_OPTIONS].tolist() == [True, True, True, True] and UNSEEN_OPTIONS not in groups
+    # The unseen noul question's option texts default to its own instructions ("true: Yes. This is true:
+    # Never asked"): texts training never contained.
+    assert groups[SEEN_OPTIONS].tolist() == [True, True, True, False]
+    assert groups[UNSEEN_OPTIONS].tolist() == [False, False, False, True]
 
 
 def test_report_sections_put_heads_and_baselines_side_by_side_with_intervals(fitted_setup):
@@ -100,7 +116,7 @@ def test_report_sections_put_heads_and_baselines_side_by_side_with_intervals(fit
                                                                             ["logistic_regression"]}, None)
     comparisons = sections["comparisons"]["validation"]
     assert set(comparisons["overall"]) == {"heads - majority", "heads - logistic_regression",
-                                           "heads - best_fixed_option"}
+                                           "heads - best_fixed_option", f"heads - {RAW_BASELINE}"}
     # The "heads" here are the regression itself: a difference of exactly 0, not significant.
     same = comparisons["overall"]["heads - logistic_regression"]["accuracy"]
     assert same["difference"] == 0 and same["low"] == same["high"] == 0 and same["significant"] is False
@@ -110,6 +126,20 @@ def test_report_sections_put_heads_and_baselines_side_by_side_with_intervals(fit
     assert groups[UNSEEN_QUESTION]["count"] == 1 and groups[UNSEEN_QUESTION]["majority"]["accuracy"] is not None
     assert sections["baselines"]["metrics"]["validation"]["best_fixed_option"]["overall"]["brier"] is None
     json.dumps(sections, allow_nan=False)  # strict JSON, as report.json
+    assert isinstance(sections["findings"], list)
+
+
+def test_heads_significantly_below_clm_raw_on_unseen_questions_are_said_plainly():
+    worse = {"candidate": 0.17, "reference": 0.93, "difference": -0.76, "low": -0.8, "high": -0.7,
+             "significant": True, "better": False}
+    unclear = {**worse, "low": -0.8, "high": 0.1, "significant": False}
+    comparisons = {"validation": {UNSEEN_QUESTION: {f"heads - {RAW_BASELINE}": {"accuracy": worse}},
+                                  "overall": {f"heads - {RAW_BASELINE}": {"accuracy": unclear}}}}
+    findings = raw_encoder_findings(comparisons)
+    assert len(findings) == 1
+    assert findings[0].startswith("On validation, questions whose id training never asked: the heads' accuracy is "
+                                  "0.170, below the raw encoder's 0.930")
+    assert "heads.init_checkpoint" in findings[0]
 
 
 def test_fitting_reads_the_table_only(fitted_setup, monkeypatch):

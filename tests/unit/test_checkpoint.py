@@ -1,4 +1,5 @@
-"""The contrastive-lm checkpoint: round trips, every refusal, and versioned publishing."""
+"""The heads checkpoint (upstream contrastive-lm's dict plus our metadata): round trips, every refusal,
+and versioned publishing. Interop with the upstream wheel itself: test_checkpoint_upstream.py."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import safetensors
 import torch
 
 import clm.checkpoint.store as store
@@ -31,7 +33,7 @@ from clm.durable import sha256_file
 from clm.encoders.base import EncoderFingerprint
 from clm.heads import CLMHeadPair, HeadConfig
 
-CONFIG = HeadConfig(encoder_dim=16, proj_dim=8)
+CONFIG = HeadConfig(hidden_size=16, width=12, projection_dim=8)
 FINGERPRINT = EncoderFingerprint(
     model="Qwen/Qwen3-Embedding-8B", weights="rev-abc", pooling="last", normalize=True,
     dtype="bfloat16", max_tokens=4096, template_version="tmpl-1",
@@ -64,19 +66,30 @@ def _payload(directory: Path) -> dict:
 # -- round trip --------------------------------------------------------------------------------
 
 
-def test_heads_pt_is_plain_and_opens_with_weights_only(tmp_path):
+def test_heads_pt_is_upstreams_dict_plain_and_opens_with_weights_only(tmp_path):
     directory = _saved(tmp_path)
     payload = torch.load(directory / PT_FILE, weights_only=True)
-    assert payload["format"] == "contrastive-lm" and payload["version"] == 1
+    # upstream's keys (what its HeadPair._load reads) ...
+    assert set(payload["state_head"]) == set(payload["action_head"]) == {"inp.weight", "inp.bias", "out.weight",
+                                                                          "out.bias"}
+    assert payload["state_head"]["inp.weight"].shape == (12, 16)
+    assert payload["action_head"]["out.weight"].shape == (8, 12)
+    assert payload["logit_scale"].shape == () and payload["projection_dim"] == 8
+    assert {k: payload["cfg"][k] for k in ("width", "depth", "projection_dim", "activation", "layernorm", "residual",
+                                           "hidden_size")} == {
+        "width": 12, "depth": 2, "projection_dim": 8, "activation": "gelu", "layernorm": False, "residual": False,
+        "hidden_size": 16}
+    # ... and ours beside them, in extra top-level keys
+    assert payload["format"] == "contrastive-lm" and payload["version"] == 2
     assert set(payload) == {
-        "format", "version", "config", "encoder", "template_version", "state_dict", "metrics", "parent", "created_at"
+        "state_head", "action_head", "logit_scale", "cfg", "projection_dim",
+        "format", "version", "encoder", "template_version", "metrics", "parent", "created_at",
     }
     assert payload["encoder"] == FINGERPRINT.as_dict() and payload["template_version"] == "tmpl-1"
-    assert payload["config"] == CONFIG.model_dump() and payload["metrics"] == METRICS and payload["parent"] is None
-    assert set(payload["state_dict"]) == {
-        "state_head.0.weight", "state_head.0.bias", "action_head.0.weight", "action_head.0.bias", "logit_scale"
-    }
+    assert payload["cfg"] == CONFIG.model_dump() and payload["metrics"] == METRICS and payload["parent"] is None
     assert json.loads((directory / JSON_FILE).read_text())["created_at"] == payload["created_at"]
+    with safetensors.safe_open(str(directory / SAFETENSORS_FILE), framework="pt") as handle:
+        assert set(handle.keys()) == set(CONFIG.parameter_shapes()) >= {"state_head.inp.weight", "logit_scale"}
     manifest = json.loads((directory / MANIFEST_FILE).read_text())
     assert {name: entry["sha256"] for name, entry in manifest["files"].items()} == {
         name: sha256_file(directory / name) for name in (PT_FILE, SAFETENSORS_FILE, JSON_FILE)
@@ -104,8 +117,8 @@ def test_saved_snapshot_does_not_follow_later_training(tmp_path):
     heads = _heads()
     saved = save_checkpoint(tmp_path / "c", heads, FINGERPRINT)
     with torch.no_grad():
-        heads.state_head[0].weight.add_(1.0)
-    assert not torch.equal(saved.state_dict["state_head.0.weight"], heads.state_head[0].weight)
+        heads.state_head.inp.weight.add_(1.0)
+    assert not torch.equal(saved.state_dict["state_head.inp.weight"], heads.state_head.inp.weight)
 
 
 def test_save_refuses_overwrite_nan_weights_mismatched_template_and_non_json_metrics(tmp_path):
@@ -114,8 +127,8 @@ def test_save_refuses_overwrite_nan_weights_mismatched_template_and_non_json_met
         save_checkpoint(tmp_path / "ckpt", _heads(), FINGERPRINT)
     broken = _heads()
     with torch.no_grad():
-        broken.action_head[0].weight[0, 0] = float("nan")
-    with pytest.raises(CheckpointError, match=r"action_head.0.weight.*non-finite"):
+        broken.action_head.out.weight[0, 0] = float("nan")
+    with pytest.raises(CheckpointError, match=r"action_head.out.weight.*non-finite"):
         save_checkpoint(tmp_path / "nan", broken, FINGERPRINT)
     with pytest.raises(CheckpointError, match="template_version 'tmpl-2'"):
         save_checkpoint(tmp_path / "tmpl", _heads(), FINGERPRINT, template_version="tmpl-2")
@@ -132,18 +145,32 @@ def test_save_refuses_overwrite_nan_weights_mismatched_template_and_non_json_met
     ("mutate", "message"),
     [
         (lambda p: p.update(format="pytorch-lightning"), "format is 'pytorch-lightning'"),
-        (lambda p: p.update(version=2), "version 2 is not supported"),
+        (lambda p: p.update(version=3), "version 3 is not supported"),
         (
-            lambda p: p["state_dict"]["state_head.0.weight"].__setitem__((0, 0), float("nan")),
-            r"state_head.0.weight.*non-finite",
+            lambda p: p["state_head"]["inp.weight"].__setitem__((0, 0), float("nan")),
+            r"state_head.inp.weight.*non-finite",
         ),
         (
-            lambda p: p["state_dict"].__setitem__("action_head.0.weight", torch.zeros(9, 16)),
-            r"shape \(9, 16\).*\(8, 16\)",
+            lambda p: p["action_head"].__setitem__("inp.weight", torch.zeros(9, 16)),
+            r"action_head.inp.weight has shape \(9, 16\), the cfg implies \(12, 16\)",
         ),
-        (lambda p: p["state_dict"].pop("logit_scale"), r"missing \['logit_scale'\]"),
-        (lambda p: p["config"].update(proj_dim=9), r"shape \(8, 16\), the config implies \(9, 16\)"),
+        (lambda p: p["action_head"].__setitem__("inp.weight", torch.zeros(12, 16, dtype=torch.int64)),
+         "dtype torch.int64, expected floating point"),
+        (lambda p: p["state_head"].pop("out.bias"), r"missing \['state_head.out.bias'\]"),
+        (lambda p: p["state_head"].__setitem__("hidden.0.weight", torch.zeros(12, 12)),
+         r"unexpected \['state_head.hidden.0.weight'\]"),
+        (lambda p: p.pop("logit_scale"), r"missing keys \['logit_scale'\]"),
+        (lambda p: p.update(logit_scale=torch.zeros(2)), r"logit_scale has shape \(2,\), expected one value"),
+        (lambda p: (p.update(projection_dim=9), p["cfg"].update(projection_dim=9)),
+         r"state_head.out.weight has shape \(8, 12\), the cfg implies \(9, 12\)"),
+        (lambda p: p.update(projection_dim=9), "projection_dim 9 differs from cfg's 8"),
+        (lambda p: p["cfg"].update(width=13), r"inp.weight has shape \(12, 16\), the cfg implies \(13, 16\)"),
+        (lambda p: p["cfg"].update(depth=3), r"missing \[.*'state_head.hidden.0.weight'"),
+        (lambda p: p["cfg"].pop("width"), r"cfg lacks \['width'\]"),
+        (lambda p: p["cfg"].update(activation="tanh"), "invalid head cfg"),
+        (lambda p: p["cfg"].update(lr=0.1), r"cfg has unknown keys \['lr'\]"),
         (lambda p: p["encoder"].pop("pooling"), "fingerprint lacks fields"),
+        (lambda p: p.pop("created_at"), r"missing keys \['created_at'\]"),
         (lambda p: p.update(extra=1), r"unknown keys \['extra'\]"),
     ],
 )
@@ -278,7 +305,7 @@ _PUBLISHER = textwrap.dedent(
     from clm.heads import CLMHeadPair, HeadConfig
     root, go = Path(sys.argv[1]), Path(sys.argv[2])
     fingerprint = EncoderFingerprint("m", "w", "last", True, "float32", 64, "t")
-    heads = CLMHeadPair(HeadConfig(encoder_dim=16, proj_dim=8))
+    heads = CLMHeadPair(HeadConfig(hidden_size=16, width=12, projection_dim=8))
     while not go.exists():
         time.sleep(0.005)
     for _ in range(6):
@@ -310,7 +337,7 @@ def test_concurrent_publishers_in_two_processes_get_distinct_versions(tmp_path):
 def test_option_texts_ride_with_the_checkpoint_and_are_hash_checked(tmp_path):
     from clm.checkpoint import OPTIONS_FILE, CheckpointError, publish_checkpoint, read_option_texts
 
-    heads = CLMHeadPair(HeadConfig(encoder_dim=16, proj_dim=8), seed=0)
+    heads = CLMHeadPair(CONFIG, seed=0)
     fingerprint = FINGERPRINT
     published = publish_checkpoint(tmp_path, "heads", heads, fingerprint, option_texts=["yes", "no", "yes"])
     assert read_option_texts(published.path) == ["no", "yes"]

@@ -178,3 +178,26 @@ def test_callers_that_leave_are_not_encoded_and_the_batcher_keeps_serving(local)
     staying = asyncio.run(run())
     assert staying.vectors.shape == (1, local.dim)
     assert counting.batch_sizes == [1]  # only the caller that stayed reached the model
+
+
+def test_calls_with_their_own_truncation_are_batched_per_truncation(local):
+    """The embedder's truncate_prompt_tokens: one backend call per distinct max_tokens within a batch."""
+    long = "a long text " + "word " * 100
+    requests = [([f"call {i} {long}"], [None, 8, 16][i % 3]) for i in range(9)]
+    calls: list[tuple[int, int | None]] = []
+
+    class Recording(CountingBackend):
+        async def encode(self, texts, max_tokens=None):
+            calls.append((len(texts), max_tokens))
+            return await self.inner.encode(texts, max_tokens=max_tokens)
+
+    async def run():
+        encoder = CoalescingEncoder(Recording(local), max_batch_texts=64, window_ms=50)
+        return await asyncio.gather(*(encoder.encode(texts, max_tokens=limit) for texts, limit in requests))
+
+    results = asyncio.run(run())
+    for (texts, limit), got in zip(requests, results):
+        want = local.encode_blocking(texts, max_tokens=limit)
+        np.testing.assert_allclose(got.vectors, want.vectors, atol=1e-5)
+        assert got.prompt_tokens == want.prompt_tokens == (limit or 128)
+    assert sorted(calls, key=str) == sorted([(3, None), (3, 8), (3, 16)], key=str)

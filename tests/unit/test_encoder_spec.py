@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from clm.encoders.base import EncoderError
 from clm.encoders.minilm import MINILM_DIM, MINILM_NAME, minilm_model_dir
 from clm.encoders.model_identity import fingerprint_for_model_dir
-from clm.encoders.spec import EmbedderUnreachable, EncoderSpec, NotAModelFolder, resolve_model_dir
+from clm.encoders.spec import EmbedderUnreachable, EncoderSpec, NotAModelFolder, TooManyTokens, resolve_model_dir
 from clm.recipes.config import EncoderConfig
 from clm_embedder.settings import EmbedderSettings
 from clm_serve.settings import ServeSettings
@@ -60,7 +60,7 @@ def test_the_recipe_encoder_section_maps_onto_the_spec_and_a_rank_device_wins():
 
 
 def test_a_local_spec_names_its_identity_without_loading_the_model_and_build_agrees():
-    spec = EncoderSpec(model="minilm", pooling="auto", device="cpu")
+    spec = EncoderSpec(model="minilm", pooling="auto", max_tokens=256, device="cpu")
     fingerprint, dim = spec.identity()
     assert (fingerprint.model, fingerprint.pooling, dim) == (MINILM_NAME, "mean", MINILM_DIM)
     assert fingerprint == fingerprint_for_model_dir(minilm_model_dir(), pooling="mean", normalize=True,
@@ -80,7 +80,7 @@ def test_a_vllm_hub_model_is_named_by_weights_id_and_auto_pooling_needs_the_fold
     with pytest.raises(EncoderError, match="cannot learn the vector width from the server at http://127.0.0.1:9"):
         spec.identity()  # the width of a model that is not here is asked of the server: none answers
     with pytest.raises(EncoderError, match="pooling 'auto' needs the model folder"):
-        EncoderSpec(backend="vllm", model="Qwen/Qwen3-Embedding-8B", weights_id="rev-7",
+        EncoderSpec(backend="vllm", model="Qwen/Qwen3-Embedding-8B", pooling="auto", weights_id="rev-7",
                     url="http://127.0.0.1:9")._weights_id_fingerprint()
 
 
@@ -106,3 +106,24 @@ def test_bad_specs_are_refused_naming_the_field():
 def test_resolve_model_dir_takes_the_alias_or_a_folder(tiny_qwen3_dir):
     assert resolve_model_dir("minilm") == (minilm_model_dir(), MINILM_NAME)
     assert resolve_model_dir(str(tiny_qwen3_dir)) == (tiny_qwen3_dir.resolve(), tiny_qwen3_dir.resolve().name)
+
+
+def test_every_encoder_setting_defaults_to_the_reference_encoder_which_is_never_downloaded(tmp_path, monkeypatch):
+    """Qwen/Qwen3-8B, last-token, L2-normalised, 2048 tokens (upstream contrastive-lm's reference heads); by
+    name only: without a local folder of that name, building it fails at once, naming the setting to change."""
+    monkeypatch.chdir(tmp_path)  # no ./Qwen/Qwen3-8B folder here
+    specs = [EncoderSpec(), EmbedderSettings().encoder_spec(), ServeSettings().encoder_spec(), EncoderConfig().spec()]
+    for spec in specs:
+        assert (spec.model, spec.pooling, spec.normalize, spec.max_tokens) == ("Qwen/Qwen3-8B", "last", True, 2048)
+        with pytest.raises(NotAModelFolder, match=r"'Qwen/Qwen3-8B' is neither a known alias .* never downloaded"):
+            spec.build()
+    with pytest.raises(NotAModelFolder, match="weights_id"):  # vllm serving it by name must name the weights
+        EncoderSpec(backend="vllm", url="http://127.0.0.1:9").identity()
+
+
+def test_a_max_tokens_above_what_the_model_takes_is_refused_at_start_up(tiny_qwen3_dir):
+    with pytest.raises(TooManyTokens, match="max_tokens=2048 exceeds the 256 tokens model 'sentence-transformers"):
+        EncoderSpec(model="minilm", pooling="auto").identity()  # MiniLM's max_seq_length
+    with pytest.raises(TooManyTokens, match="max_tokens=2049 exceeds the 2048 tokens"):
+        EncoderSpec(model=str(tiny_qwen3_dir), max_tokens=2049, device="cpu").build()
+    assert EncoderSpec(model=str(tiny_qwen3_dir), device="cpu").identity()[0].max_tokens == 2048

@@ -1,4 +1,4 @@
-"""CLMHeadPair: shapes, size, scaling, clamp, determinism and where gradients go."""
+"""CLMHeadPair: upstream's head architecture, shapes, size, scaling, clamp, determinism and where gradients go."""
 
 from __future__ import annotations
 
@@ -11,22 +11,69 @@ from pydantic import ValidationError
 
 from clm.heads import MAX_LOGIT_SCALE, CLMHeadPair, HeadConfig
 
-SMALL = HeadConfig(encoder_dim=16, proj_dim=8)
+SMALL = HeadConfig(hidden_size=16, width=12, projection_dim=8)
+# every architecture option upstream's make_head has
+SHAPES = {
+    "depth-2": HeadConfig(hidden_size=12, width=10, projection_dim=6),
+    "depth-4": HeadConfig(hidden_size=12, width=10, depth=4, projection_dim=6, activation="relu"),
+    "depth-4-layernorm-residual": HeadConfig(hidden_size=12, width=10, depth=4, projection_dim=6, layernorm=True,
+                                             residual=True, activation="silu"),
+}
 
 
-def test_default_config_is_about_twenty_million_parameters_at_4096():
+def test_default_config_is_sized_like_the_reference_head():
     config = HeadConfig()
-    assert config.encoder_dim == 4096
-    # two linear 4096→2432 heads with bias, plus the logit scale
-    assert config.parameter_count() == 2 * (4096 * 2432 + 2432) + 1 == 19_927_809
+    assert (config.hidden_size, config.width, config.depth, config.projection_dim) == (4096, 2048, 2, 512)
+    assert (config.activation, config.layernorm, config.residual) == ("gelu", False, False)
+    # two MLPs 4096 → 2048 → 512 with biases, plus the logit scale: ~19M, 75.5 MB in float32 (upstream: "75 MB")
+    assert config.parameter_count() == 2 * (4096 * 2048 + 2048 + 2048 * 512 + 512) + 1 == 18_879_489
     heads = CLMHeadPair(config)
     assert heads.num_parameters() == config.parameter_count()
     assert math.isclose(heads.logit_scale.item(), math.log(1 / 0.07), rel_tol=1e-6)
 
 
-@pytest.mark.parametrize("kind", ["linear", "mlp"])
-def test_parameter_shapes_describe_the_real_state_dict(kind):
-    config = HeadConfig(encoder_dim=12, proj_dim=6, kind=kind, mlp_hidden=10)
+def test_state_dict_keys_are_upstream_make_head_names():
+    config = HeadConfig(hidden_size=12, width=10, depth=4, projection_dim=6, layernorm=True)
+    assert list(CLMHeadPair(config).state_head.state_dict()) == [
+        "inp.weight", "inp.bias", "hidden.0.weight", "hidden.0.bias", "hidden.1.weight", "hidden.1.bias",
+        "norms.0.weight", "norms.0.bias", "norms.1.weight", "norms.1.bias", "out.weight", "out.bias",
+    ]
+    assert isinstance(CLMHeadPair(config).state_head.norms[0], torch.nn.LayerNorm)
+    plain = CLMHeadPair(HeadConfig(hidden_size=12, width=10, depth=3, projection_dim=6)).state_head
+    assert isinstance(plain.norms[0], torch.nn.Identity) and "norms.0.weight" not in plain.state_dict()
+
+
+def _reference_forward(head: torch.nn.Module, config: HeadConfig, x: torch.Tensor) -> torch.Tensor:
+    """Upstream make_head's forward, written out from its source."""
+    act = {"gelu": F.gelu, "relu": F.relu, "silu": F.silu}[config.activation]
+    x = act(F.linear(x, head.inp.weight, head.inp.bias))
+    for i in range(config.depth - 2):
+        h = F.linear(x, head.hidden[i].weight, head.hidden[i].bias)
+        if config.layernorm:
+            h = F.layer_norm(h, (config.width,), head.norms[i].weight, head.norms[i].bias)
+        h = act(h)
+        x = x + h if config.residual else h
+    return F.linear(x, head.out.weight, head.out.bias)  # no activation after out
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_forward_is_upstream_make_head_forward(shape):
+    config = SHAPES[shape]
+    heads = CLMHeadPair(config, seed=4)
+    with torch.no_grad():  # non-trivial LayerNorm parameters
+        for norm in heads.state_head.norms:
+            if isinstance(norm, torch.nn.LayerNorm):
+                norm.weight.uniform_(0.5, 1.5)
+                norm.bias.uniform_(-0.1, 0.1)
+    x = torch.randn(5, 12)
+    torch.testing.assert_close(heads.state_head(x), _reference_forward(heads.state_head, config, x))
+    torch.testing.assert_close(heads.project_states(x), F.normalize(_reference_forward(heads.state_head, config, x),
+                                                                    dim=-1))
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_parameter_shapes_describe_the_real_state_dict(shape):
+    config = SHAPES[shape]
     heads = CLMHeadPair(config)
     assert {k: tuple(v.shape) for k, v in heads.state_dict().items()} == config.parameter_shapes()
     assert heads.num_parameters() == config.parameter_count()
@@ -47,7 +94,7 @@ def test_float16_table_vectors_are_accepted():
 
 
 def test_wrong_encoder_width_is_refused_with_both_widths_named():
-    with pytest.raises(ValueError, match=r"width 15.*encoder_dim=16"):
+    with pytest.raises(ValueError, match=r"width 15.*hidden_size=16"):
         CLMHeadPair(SMALL).project_states(torch.randn(2, 15))
 
 
@@ -108,14 +155,22 @@ def test_same_seed_same_weights_other_seed_other_weights_and_global_rng_untouche
     b = CLMHeadPair(SMALL, seed=7).state_dict()
     c = CLMHeadPair(SMALL, seed=8).state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
-    assert not torch.equal(a["state_head.0.weight"], c["state_head.0.weight"])
-    assert not torch.equal(a["state_head.0.weight"], a["action_head.0.weight"])  # the two heads differ
+    assert not torch.equal(a["state_head.inp.weight"], c["state_head.inp.weight"])
+    assert not torch.equal(a["state_head.inp.weight"], a["action_head.inp.weight"])  # the two heads differ
+    assert not torch.equal(a["state_head.out.weight"], a["action_head.out.weight"])
+    # the seeded init: N(0, 1/fan_in) weights, zero biases
+    assert a["state_head.inp.bias"].abs().sum() == 0 and a["state_head.out.bias"].abs().sum() == 0
+    big = CLMHeadPair(HeadConfig(hidden_size=1024, width=512, projection_dim=64), seed=0)
+    assert big.state_head.inp.weight.std().item() == pytest.approx(1024**-0.5, rel=0.02)
+    assert big.state_head.out.weight.std().item() == pytest.approx(512**-0.5, rel=0.05)
+    assert torch.equal(torch.random.get_rng_state(), before)
 
 
-@pytest.mark.parametrize("kind", ["linear", "mlp"])
-def test_gradients_reach_every_head_parameter_and_never_the_frozen_embeddings(kind):
-    heads = CLMHeadPair(HeadConfig(encoder_dim=16, proj_dim=8, kind=kind, mlp_hidden=12))
-    frozen_encoder = torch.nn.Linear(4, 16).requires_grad_(False)
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_gradients_reach_every_head_parameter_and_never_the_frozen_embeddings(shape):
+    config = SHAPES[shape]
+    heads = CLMHeadPair(config)
+    frozen_encoder = torch.nn.Linear(4, 12).requires_grad_(False)
     states = frozen_encoder(torch.randn(3, 4))
     actions = frozen_encoder(torch.randn(3, 2, 4))
     logits = heads(states, actions)
@@ -128,10 +183,20 @@ def test_gradients_reach_every_head_parameter_and_never_the_frozen_embeddings(ki
 
 def test_config_refuses_unknown_fields_and_bad_values():
     with pytest.raises(ValidationError):
-        HeadConfig(encoder_dim=0)
+        HeadConfig(hidden_size=0)
     with pytest.raises(ValidationError):
-        HeadConfig(kind="transformer")
+        HeadConfig(depth=1)
     with pytest.raises(ValidationError):
-        HeadConfig(proj_dims=3)
+        HeadConfig(activation="tanh")
+    with pytest.raises(ValidationError):
+        HeadConfig(projection_dims=3)
+    with pytest.raises(ValidationError):
+        HeadConfig(max_logit_scale=5.0)  # the clamp is upstream's constant, log 100: not a setting
     with pytest.raises(ValidationError):
         HeadConfig(init_logit_scale=float("nan"))
+
+
+def test_checkpoint_cfg_carries_every_key_upstream_reads():
+    cfg = SMALL.upstream_cfg()
+    assert {"width", "depth", "projection_dim", "activation", "layernorm", "residual", "hidden_size"} <= set(cfg)
+    assert HeadConfig.model_validate(cfg) == SMALL

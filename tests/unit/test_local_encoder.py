@@ -142,7 +142,7 @@ def test_fingerprint_names_content_and_equals_the_vllm_clients(qwen, qwen_dir):
 
 
 def test_the_spec_resolves_aliases_folders_and_auto_pooling(qwen_dir):
-    minilm = EncoderSpec(backend="local", model="minilm", device="cpu").build()
+    minilm = EncoderSpec(backend="local", model="minilm", pooling="auto", max_tokens=256, device="cpu").build()
     assert (minilm.fingerprint.pooling, minilm.fingerprint.model, minilm.dim) == ("mean", MINILM_NAME, MINILM_DIM)
     qwen_local = EncoderSpec(backend="local", model=str(qwen_dir), max_tokens=512, device="cpu").build()
     qwen_remote = EncoderSpec(backend="vllm", model=str(qwen_dir), max_tokens=512, url="http://127.0.0.1:9").build()

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from clm.heads import HeadConfig
 from clm.recipes.config import ConfigError, HeadShape, build_config, load_config
 from clm.recipes.overrides import OverrideError, apply_overrides, parse_overrides, parse_scalar
 
@@ -19,7 +20,12 @@ def test_example_config_loads_with_its_documented_defaults():
     assert config.mode == "train"
     assert config.encoder.model == "minilm" and config.encoder.backend == "local"
     assert config.data.train == Path("examples/data/soc_triage/train.jsonl")
-    assert config.heads.config.encoder_dim is None  # taken from the encoder at run time
+    assert config.heads.config.hidden_size is None  # taken from the encoder at run time
+    # the example's heads section exposes every key of upstream's head cfg
+    assert config.heads.config.model_dump(exclude={"hidden_size", "init_logit_scale"}) == {
+        "width": 2048, "depth": 2, "projection_dim": 512, "activation": "gelu", "layernorm": False, "residual": False}
+    assert config.heads.assumed_encoder.model_dump() == {"model": "Qwen/Qwen3-8B", "pooling": "last",
+                                                         "normalize": True, "width": 4096}
 
 
 def test_overrides_replace_nested_keys_with_yaml_typed_values():
@@ -59,10 +65,13 @@ def test_bad_value_names_the_key_path_and_the_rule():
 
 def test_every_bad_key_is_reported_at_once():
     with pytest.raises(ConfigError) as caught:
-        build_config(MINIMAL, [("train.lrr", 1), ("heads.config.proj_dim", 0), ("loss.mode", "dpo")])
+        build_config(MINIMAL, [("train.lrr", 1), ("heads.config.projection_dim", 0), ("loss.mode", "dpo"),
+                               ("heads.config.max_logit_scale", 5.0), ("heads.assumed_encoder.pooling", "max")])
     message = str(caught.value)
     assert "train.lrr: Extra inputs are not permitted" in message
-    assert "heads.config.proj_dim: Input should be greater than 0" in message
+    assert "heads.config.projection_dim: Input should be greater than 0" in message
+    assert "heads.config.max_logit_scale: Extra inputs are not permitted" in message  # the clamp is not a setting
+    assert "heads.assumed_encoder.pooling: Input should be 'last', 'mean' or 'cls'" in message
     assert "loss.mode: Input should be 'sft', 'rl' or 'infonce'" in message
 
 
@@ -114,10 +123,12 @@ def test_config_file_problems_are_config_errors(tmp_path):
         load_config(listed)
 
 
-def test_head_shape_takes_encoder_dim_from_the_encoder_and_refuses_a_contradiction():
-    assert HeadShape(proj_dim=32).resolve(384).encoder_dim == 384
-    with pytest.raises(ConfigError, match="encoder_dim is 4096, but the encoder produces 384-d vectors"):
-        HeadShape(encoder_dim=4096).resolve(384)
+def test_head_shape_takes_hidden_size_from_the_encoder_and_refuses_a_contradiction():
+    resolved = HeadShape(width=64, depth=3, projection_dim=32, layernorm=True).resolve(384)
+    assert (resolved.hidden_size, resolved.width, resolved.depth, resolved.projection_dim) == (384, 64, 3, 32)
+    assert resolved.layernorm and HeadShape().resolve(4096) == HeadConfig()
+    with pytest.raises(ConfigError, match="hidden_size is 4096, but the encoder produces 384-d vectors"):
+        HeadShape(hidden_size=4096).resolve(384)
 
 
 def test_json_dict_round_trips_through_validation():

@@ -54,11 +54,12 @@ def test_all_six_reference_records_load_with_their_supervision():
     assert first["disposition"].option_ids == ("benign", "suspicious", "malicious")
     assert first["disposition"].label == 2 and first["disposition"].question_type == CHOICE_TYPE
     assert first["disposition"].rewards == (-2.0, 0.5, 1.0)
-    assert first["escalate"].option_ids == ("yes", "no") and first["escalate"].label == 0
+    # noul options in upstream's order (false, true), named no/yes in records and answers
+    assert first["escalate"].option_ids == ("no", "yes") and first["escalate"].label == 1
     assert first["escalate"].question_type == NOUL_TYPE and first["escalate"].rewards is None
     assert first["severity"].option_ids == ("0", "1", "2", "3", "4") and first["severity"].label == 3
     assert first["severity"].question_type == SCORE_TYPE
-    assert targets_of(records[1])["escalate"].label == 1  # "no"
+    assert targets_of(records[1])["escalate"].label == 0  # "no"
     assert targets_of(records[2])["severity"].label == 4  # "critical"
     assert records[2].instructions == "You triage alerts for a mid-size company."
     rewarded_only = targets_of(records[4])["disposition"]
@@ -78,10 +79,10 @@ def test_targets_follow_question_order_and_carry_the_record_id():
     [
         ("disposition", "benign", 0),
         ("disposition", "malicious", 2),
-        ("escalate", True, 0),
-        ("escalate", False, 1),
-        ("escalate", "yes", 0),
-        ("escalate", "no", 1),
+        ("escalate", True, 1),
+        ("escalate", False, 0),
+        ("escalate", "yes", 1),
+        ("escalate", "no", 0),
         ("severity", 0, 0),
         ("severity", 4, 4),
         ("severity", "medium", 2),
@@ -108,9 +109,14 @@ def test_reward_tables_are_reordered_into_option_order():
     }
     found = targets_of(parse_record(record(rewards=rewards)))
     assert found["disposition"].rewards == (-3.0, 0.5, 1.0)
-    assert found["escalate"].rewards == (2.0, -1.0)
+    assert found["escalate"].rewards == (-1.0, 2.0)
     assert found["severity"].rewards == (0.0, 0.5, 1.0, 0.5, 0.0)
     assert all(t.label == IGNORE_INDEX for t in found.values())
+
+
+@pytest.mark.parametrize("state", [["a", {"b": 1}], 42, 2.5, True, None, ""])
+def test_any_json_state_is_accepted_as_upstream_accepts_it(state):
+    assert parse_record(record(state=state)).state == state
 
 
 def test_weight_defaults_to_one_and_accepts_integers():
@@ -181,7 +187,6 @@ MALFORMED = [
     ("zero weight", record(weight=0), "weight", "> 0"),
     ("negative weight", record(weight=-2.5), "weight", "> 0"),
     ("weight as string", record(weight="1"), "weight", "must be a number"),
-    ("state as list", record(state=["a"]), "state", "string or a JSON object"),
     ("empty instructions", record(instructions=""), "instructions", "at least 1 character"),
     ("id missing", {k: v for k, v in record().items() if k != "id"}, "id", "Field required"),
 ]

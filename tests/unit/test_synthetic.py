@@ -105,11 +105,11 @@ def test_label_noise_rate_matches_the_configuration(noise):
 
 
 def test_hidden_rules_are_the_documented_ones():
-    assert clean_answers(alert(rule="scheduled backup job")) == {"disposition": 0, "escalate": 1, "severity": 0}
-    assert clean_answers(alert(rule="impossible travel", criticality="high")) == {"disposition": 1, "escalate": 0, "severity": 2}
-    assert clean_answers(alert(rule="impossible travel", criticality="low")) == {"disposition": 1, "escalate": 1, "severity": 1}
+    assert clean_answers(alert(rule="scheduled backup job")) == {"disposition": 0, "escalate": 0, "severity": 0}
+    assert clean_answers(alert(rule="impossible travel", criticality="high")) == {"disposition": 1, "escalate": 1, "severity": 2}
+    assert clean_answers(alert(rule="impossible travel", criticality="low")) == {"disposition": 1, "escalate": 0, "severity": 1}
     attack = alert(rule="credential dumping", criticality="critical", threat_intel_match=True)
-    assert clean_answers(attack) == {"disposition": 2, "escalate": 0, "severity": 4}
+    assert clean_answers(attack) == {"disposition": 2, "escalate": 1, "severity": 4}
     # An approved change ticket makes the same attack-looking alert routine.
     assert clean_answers(alert(rule="encoded powershell", change_ticket="CHG-1234"))["disposition"] == 0
 

@@ -25,10 +25,13 @@ class InstrumentedBackend:
         self.texts_encoded = 0
         self.calls = 0
 
-    async def encode(self, texts: list[str]) -> EncodeResult:
+    async def encode(self, texts: list[str], max_tokens: int | None = None) -> EncodeResult:
         started = time.perf_counter()
         try:
-            result = await self.inner.encode(texts)
+            if max_tokens is None:
+                result = await self.inner.encode(texts)
+            else:  # a request's own truncation (clm.encoders.truncation)
+                result = await self.inner.encode(texts, max_tokens=max_tokens)  # type: ignore[call-arg]
         finally:
             self.metrics.backend_seconds.observe(time.perf_counter() - started)
         self.metrics.backend_batch_texts.observe(len(texts))

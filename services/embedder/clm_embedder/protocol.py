@@ -4,6 +4,13 @@ Clients written for OpenAI or vLLM work unchanged. We are stricter than
 OpenAI in one way: an unknown field is refused (422 naming it) instead of
 ignored, so a typo such as ``encoding_fromat`` never silently falls back to
 a default. The vLLM extensions we do not implement are refused by name.
+
+Of vLLM's extensions we take ``truncate_prompt_tokens`` (what upstream CLM's
+``Embedder`` sends), with vLLM 0.32's meaning: cut each text to that many
+tokens with the tokenizer's own truncation (special tokens kept), ``-1`` =
+the maximum length; this embedder's maximum length is its ``max_tokens``
+(every text is cut to it anyway), so a larger value is refused with vLLM's
+400, and ``0`` (an empty prompt) too. See ``clm.encoders.truncation``.
 """
 
 from __future__ import annotations
@@ -26,6 +33,9 @@ class EmbeddingRequest(BaseModel):
     )
     dimensions: int | None = Field(None, description="Accepted only when equal to the model's dimension.")
     user: str | None = Field(None, description="Ignored; accepted for OpenAI compatibility.")
+    truncate_prompt_tokens: int | None = Field(
+        None, ge=-1, description="vLLM's: cut each input to this many tokens (special tokens kept; -1 = the "
+                                 "embedder's max_tokens, which is also the largest value accepted).")
 
     def texts(self) -> list[str]:
         return [self.input] if isinstance(self.input, str) else list(self.input)
@@ -38,8 +48,13 @@ class EmbeddingData(BaseModel):
 
 
 class EmbeddingUsage(BaseModel):
+    """vLLM's usage object (OpenAI's two counts, plus the fields vLLM always sends)."""
+
     prompt_tokens: int
     total_tokens: int
+    completion_tokens: int = 0
+    prompt_tokens_details: None = None
+    completion_tokens_details: None = None
 
 
 class EmbeddingResponse(BaseModel):

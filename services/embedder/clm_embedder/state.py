@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from clm.cache import DiskTier, EmbeddingCache, RedisTier
 from clm.encoders.coalescing import CoalescingEncoder
+from clm.encoders.truncation import TokenCounter
 
 from .admission import AdmissionGate
 from .instrumented import InstrumentedBackend
@@ -21,6 +22,8 @@ class EmbedderState:
     cache: EmbeddingCache
     gate: AdmissionGate
     metrics: EmbedderMetrics
+    # Token counts for requests with truncate_prompt_tokens (None: no tokenizer here; clm.encoders.truncation).
+    token_counter: TokenCounter | None = None
 
     @classmethod
     def build(cls, settings: EmbedderSettings, metrics: EmbedderMetrics | None = None) -> "EmbedderState":
@@ -37,9 +40,13 @@ class EmbedderState:
         disk = DiskTier(settings.disk_cache_dir, map_size=int(settings.disk_cache_map_size_gb * 2**30))
         cache = EmbeddingCache(redis=redis, disk=disk, store_dtype=settings.cache_dtype,
                                redis_ttl_s=settings.redis_ttl_s or None, registry=metrics.registry)
+        folder = spec.tokenizer_folder()
         return cls(settings=settings, backend=backend, encoder=encoder, cache=cache,
-                   gate=AdmissionGate(settings.max_in_flight_requests), metrics=metrics)
+                   gate=AdmissionGate(settings.max_in_flight_requests), metrics=metrics,
+                   token_counter=TokenCounter(folder) if folder is not None else None)
 
     async def aclose(self) -> None:
         await self.cache.aclose()
         await self.encoder.aclose()
+        if self.token_counter is not None:
+            await self.token_counter.aclose()

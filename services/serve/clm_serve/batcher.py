@@ -41,7 +41,7 @@ class ProjectionBatcher(MicroBatcher[tuple[LoadedHeads, np.ndarray], torch.Tenso
         return len(payload[1])
 
     async def project_states(self, heads: LoadedHeads, embeddings: np.ndarray) -> torch.Tensor:
-        """``[n, proj_dim]`` unit state projections of ``embeddings`` by ``heads``."""
+        """``[n, projection_dim]`` unit state projections of ``embeddings`` by ``heads``."""
         return await self.submit((heads, embeddings))
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:

@@ -64,7 +64,7 @@ class DecisionEngine:
         return round_vectors(result.vectors, self.round_to), int(result.prompt_tokens)
 
     async def _action_matrices(self, heads: LoadedHeads, questions: Sequence[Question]) -> list[torch.Tensor]:
-        """``[options, proj_dim]`` per question: cache hits, plus one encode + one projection for all misses."""
+        """``[options, projection_dim]`` per question: cache hits, plus one encode + one projection for all misses."""
         texts = [text for q in questions for text in q.option_texts]
         found = heads.actions.lookup(texts)
         missing = list(dict.fromkeys(t for t, v in zip(texts, found) if v is None))

@@ -17,10 +17,9 @@ from pathlib import Path
 
 import torch
 
-from clm.checkpoint import PT_FILE, CheckpointError, LoadedCheckpoint, load_checkpoint
+from clm.checkpoint import AssumedEncoder, CheckpointError, LoadedCheckpoint, check_heads_encoder, load_checkpoint
 from clm.encoders.base import EncoderFingerprint
 from clm.heads import CLMHeadPair
-from clm.texts import TEMPLATE_VERSION
 
 from clm_serve.action_cache import ActionCache
 
@@ -37,9 +36,10 @@ class LoadedHeads:
     heads: CLMHeadPair
     version: str  # "v0003" for a published version, else "sha256:<12 hex>" of heads.pt
     version_number: int | None
-    path: Path  # the heads.pt that was loaded
-    scale: torch.Tensor  # exp(min(logit_scale, max)): computed once, exactly like CLMHeadPair.effective_scale
+    path: Path  # the .pt file that was loaded
+    scale: torch.Tensor  # exp(min(logit_scale, log 100)): computed once, exactly like CLMHeadPair.effective_scale
     actions: ActionCache
+    assumed_encoder: AssumedEncoder | None = None  # what a file without a fingerprint was taken to be trained on
     loaded_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
 
     @property
@@ -72,8 +72,10 @@ class LoadedHeads:
             "version": self.version,
             "path": str(self.path),
             "sha256": self.sha256,
-            "fingerprint": ckpt.encoder.as_dict(),
-            "fingerprint_digest": ckpt.encoder.digest,
+            "fingerprint": None if ckpt.encoder is None else ckpt.encoder.as_dict(),
+            "fingerprint_digest": None if ckpt.encoder is None else ckpt.encoder.digest,
+            # an upstream-format file without our fingerprint: the encoder it was checked against by assumption
+            "assumed_encoder": None if self.assumed_encoder is None else self.assumed_encoder.model_dump(),
             "template_version": ckpt.template_version,
             "config": ckpt.config.model_dump(mode="json"),
             "logit_scale": float(self.scale),
@@ -93,24 +95,15 @@ def version_of(pt_path: Path, sha256: str) -> tuple[str, int | None]:
     return f"sha256:{sha256[:12]}", None
 
 
-def check_compatible(ckpt: LoadedCheckpoint, encoder: EncoderFingerprint, encoder_dim: int) -> None:
-    """Refuse heads trained on other texts or other vectors than this service produces."""
-    where = str(ckpt.path)
-    if ckpt.template_version != TEMPLATE_VERSION:
-        raise HeadsRefused(
-            f"{where}: template version {ckpt.template_version!r} differs from this service's text contract "
-            f"{TEMPLATE_VERSION!r}; heads trained on other texts would score these texts wrongly"
-        )
-    if ckpt.encoder.digest != encoder.digest:
-        theirs, ours = ckpt.encoder.as_dict(), encoder.as_dict()
-        diff = ", ".join(f"{k}: checkpoint {theirs[k]!r} vs encoder {ours[k]!r}" for k in ours if theirs[k] != ours[k])
-        raise HeadsRefused(
-            # Full digests: they are what the embedder's X-CLM-Encoder header and /v1/encoder show.
-            f"{where}: encoder fingerprint {ckpt.encoder.digest} differs from this service's encoder "
-            f"{encoder.digest} ({diff})"
-        )
-    if ckpt.config.encoder_dim != encoder_dim:
-        raise HeadsRefused(f"{where}: heads expect encoder_dim {ckpt.config.encoder_dim}, the encoder gives {encoder_dim}")
+def check_compatible(
+    ckpt: LoadedCheckpoint, encoder: EncoderFingerprint, encoder_dim: int, assumed: AssumedEncoder | None = None
+) -> None:
+    """Refuse heads trained on other texts or other vectors than this service produces
+    (``clm.checkpoint.compat.check_heads_encoder``: template version, width, fingerprint or assumed encoder)."""
+    try:
+        check_heads_encoder(ckpt, encoder, encoder_dim, assumed, where=str(ckpt.pt_path))
+    except CheckpointError as error:
+        raise HeadsRefused(str(error)) from None
 
 
 def load_heads(
@@ -119,24 +112,27 @@ def load_heads(
     encoder: EncoderFingerprint,
     encoder_dim: int,
     action_cache: ActionCache,
+    assumed_encoder: AssumedEncoder | None = None,
 ) -> LoadedHeads:
     """Load and validate ``path`` (blocking: call it from a worker thread).
 
+    ``path``: a version folder, our heads.pt, or any upstream-format .pt file.
     ``load_checkpoint`` checks the format, version, manifest hashes, shapes,
-    finite weights and that the pickle holds only tensors and plain values;
-    this adds the fingerprint and template checks.
+    finite weights, size and that the pickle holds only tensors and plain values;
+    this adds the template, width and encoder checks (``assumed_encoder`` stands in
+    for the fingerprint of a file that has none; default: the reference contract).
     """
     try:
         ckpt = load_checkpoint(path)
     except CheckpointError as error:
         raise HeadsRefused(str(error)) from None
-    check_compatible(ckpt, encoder, encoder_dim)
+    check_compatible(ckpt, encoder, encoder_dim, assumed_encoder)
     heads = ckpt.to_heads("cpu").eval().requires_grad_(False)
-    pt_path = ckpt.path / PT_FILE if Path(path).is_dir() else Path(path)
+    pt_path = ckpt.pt_path
     version, number = version_of(pt_path, ckpt.sha256)
     with torch.inference_mode():
         scale = heads.effective_scale().detach()
     return LoadedHeads(
         checkpoint=ckpt, heads=heads, version=version, version_number=number, path=pt_path, scale=scale,
-        actions=action_cache,
+        actions=action_cache, assumed_encoder=(assumed_encoder or AssumedEncoder()) if ckpt.is_foreign else None,
     )

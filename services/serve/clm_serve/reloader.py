@@ -9,8 +9,9 @@ A reload, serialised by one lock:
 1. resolves the target (``<root>/<name>/latest`` → ``vNNNN``, or the fixed
    ``CLM_CKPT``); the same target as now serving is a no-op;
 2. loads and validates it on a worker thread (format, version, manifest
-   hashes, shapes, finite weights, plain-tensor pickle, encoder fingerprint,
-   template version): nothing runs on the event loop, requests keep flowing;
+   hashes, shapes, finite weights, plain-tensor pickle, size, encoder fingerprint
+   (or, for an upstream-format file without one, the configured assumed encoder),
+   width, template version): nothing runs on the event loop, requests keep flowing;
 3. warms the new heads' action cache with the option texts the current heads
    have seen (and the configured warm-up set): their encoder vectors are
    already held, so this is one projection, not an encoder pass;
@@ -165,7 +166,8 @@ class HeadsManager:
         )
         try:
             new = await asyncio.to_thread(
-                load_heads, path, encoder=self.encoder.fingerprint, encoder_dim=self.encoder.dim, action_cache=cache
+                load_heads, path, encoder=self.encoder.fingerprint, encoder_dim=self.encoder.dim, action_cache=cache,
+                assumed_encoder=self.settings.assumed_encoder(),
             )
             trained_options = await asyncio.to_thread(read_option_texts, path)
         except CheckpointError as error:  # options.json not matching its manifest: a damaged version

@@ -62,6 +62,8 @@ async def heads_status(request: Request) -> dict:
         "path": info.get("path"),
         "sha256": info.get("sha256"),
         "fingerprint": info.get("fingerprint"),
+        # heads without a fingerprint (an upstream-format file): the encoder they were accepted for by assumption
+        "assumed_encoder": info.get("assumed_encoder"),
         "template_version": info.get("template_version"),
         "loaded_at": info.get("loaded_at"),
         "created_at": info.get("created_at"),

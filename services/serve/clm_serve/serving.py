@@ -16,7 +16,7 @@ from fastapi import Request
 from clm.encoders.base import EncoderChanged, EncoderError, EncoderInputError
 from clm.records import FieldProblem
 from clm.records.model import checked_state
-from clm.texts import render_state, state_text
+from clm.texts import join_state, render_state, state_text_tail
 from clm_http.errors import APIError
 
 from clm_serve.loaded_heads import LoadedHeads
@@ -73,8 +73,7 @@ def render_state_texts(request: StructuredDecisionRequest, questions: list[Quest
             f"state renders to {len(rendered)} characters, more than this server's limit of {max_chars}",
             param="state",
         )
-    context = request.instructions or None
-    return [state_text(rendered, q.id, q.instructions or None, context) for q in questions]
+    return [join_state(rendered, state_text_tail(q.instructions, request.instructions)) for q in questions]
 
 
 def check_encodable(request: StructuredDecisionRequest, questions: list[Question], state_texts: list[str]) -> None:

@@ -8,7 +8,8 @@ from typing import Literal
 from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
-from clm.encoders.spec import EncoderSpec
+from clm.checkpoint.compat import REFERENCE_ENCODER_MODEL, REFERENCE_ENCODER_WIDTH, AssumedEncoder
+from clm.encoders.spec import DEFAULT_ENCODER_MAX_TOKENS, DEFAULT_ENCODER_MODEL, DEFAULT_ENCODER_POOLING, EncoderSpec
 from clm_http.settings import ServiceSettings, body_limit_field, port_field
 
 
@@ -19,7 +20,8 @@ class ServeSettings(ServiceSettings):
     max_body_bytes: int = body_limit_field(4 * 1024 * 1024)
     served_model_name: str = Field("clm", description="Model name in responses; a request naming another model gets 404.")
     ckpt: Path | None = Field(None, validation_alias=AliasChoices("CLM_CKPT", "CLM_SERVE_CKPT"),
-                              description="Serve this one heads.pt (or version folder) without watching.")
+                              description="Serve this one .pt file (ours or any upstream contrastive-lm head, e.g. "
+                                          "CLM_v0.1-8B.pt) or version folder without watching.")
     checkpoint_root: Path = Field(Path("var/checkpoints"), description="Root the trainer publishes into.")
     heads_name: str = Field("soc-triage", description="Watch <checkpoint_root>/<heads_name>/latest.")
     watch: bool = Field(True, description="Watch the latest pointer with watchfiles (polling as a fallback).")
@@ -29,16 +31,30 @@ class ServeSettings(ServiceSettings):
     embedder_timeout_s: float = Field(30.0, gt=0, description="Timeout of one request to the embedder.")
     embedder_concurrency: int = Field(8, ge=1, description="Requests to the embedder in flight at once.")
     embedder_retries: int = Field(3, ge=1, description="Attempts per embedder request (connection errors and 5xx).")
-    encoder_model: str = Field("minilm", description="In-process encoder model (when embedder_url is empty).")
+    encoder_model: str = Field(DEFAULT_ENCODER_MODEL, description="In-process encoder model (when embedder_url is "
+                               "empty): a local folder or `minilm`; the default, the reference Qwen/Qwen3-8B, must be "
+                               "a folder (nothing is downloaded).")
     encoder_pooling: Literal["auto", "last", "mean", "cls"] = Field(
-        "auto", description="In-process encoder pooling; `auto`: last-token for causal decoders, mean otherwise.")
-    encoder_max_tokens: int = Field(256, ge=8, description="In-process encoder max tokens.")
+        DEFAULT_ENCODER_POOLING, description="In-process encoder pooling; `auto`: last-token for causal decoders, "
+                                             "mean otherwise.")
+    encoder_max_tokens: int = Field(DEFAULT_ENCODER_MAX_TOKENS, ge=8, description="In-process encoder max tokens.")
     encoder_dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="In-process encoder compute dtype (part of its fingerprint).")
     encoder_device: str = Field("cpu", description="In-process encoder device: `cpu`, `cuda`, `auto`.")
     embedding_round_to: Literal["float16", "float32"] = Field(
         "float16", description="Round encoder vectors through this dtype before the heads. The trainer's "
         "embedding tables store float16, so float16 makes served probabilities equal the recipe's evaluation.")
+    assumed_encoder_model: str = Field(
+        REFERENCE_ENCODER_MODEL, min_length=1, description="Encoder an upstream-format head without our encoder "
+        "fingerprint was trained on (matched by the last part of the name, any case, against this service's encoder); "
+        "a mismatch is refused.")
+    assumed_encoder_pooling: Literal["last", "mean", "cls"] = Field(
+        "last", description="Pooling that encoder used (for heads without a fingerprint).")
+    assumed_encoder_normalize: bool = Field(
+        True, description="Whether its vectors were L2-normalised (for heads without a fingerprint).")
+    assumed_encoder_width: int = Field(
+        REFERENCE_ENCODER_WIDTH, ge=0, description="Its vector width (for heads without a fingerprint); 0 = the "
+        "head's cfg hidden_size. The head's hidden_size must equal this service's encoder width in any case.")
     warm_options_file: Path | None = Field(
         None, description="SystemOne records or requests (JSONL) whose option texts are embedded and projected "
         "when heads load, so the first requests already hit the action cache (e.g. the training records).")
@@ -50,6 +66,11 @@ class ServeSettings(ServiceSettings):
     max_questions: int = Field(64, ge=1, description="Questions per request.")
     max_options: int = Field(64, ge=2, description="Options per question.")
     max_state_chars: int = Field(100_000, ge=1, description="A longer rendered state gets 400.")
+
+    def assumed_encoder(self) -> AssumedEncoder:
+        """What heads without an encoder fingerprint (upstream-format files) are checked against."""
+        return AssumedEncoder(model=self.assumed_encoder_model, pooling=self.assumed_encoder_pooling,
+                              normalize=self.assumed_encoder_normalize, width=self.assumed_encoder_width or None)
 
     def encoder_spec(self) -> EncoderSpec:
         """The encoder these settings describe (``clm.encoders.spec``: the one way encoders are built).

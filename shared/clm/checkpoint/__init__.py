@@ -1,11 +1,15 @@
-"""The "contrastive-lm" heads checkpoint (ARCHITECTURE §6): format, files, and versioned publishing.
+"""The heads checkpoint in upstream contrastive-lm's format (ARCHITECTURE §6): format, files, publishing.
 
-* ``format``: the content, its constants and every validation (``CheckpointError``).
+* ``format``: the content (upstream's dict plus our metadata), its constants and every
+  validation (``CheckpointError``).
+* ``compat``: whether heads fit the encoder in use (``check_heads_encoder``), with the
+  ``AssumedEncoder`` of upstream files that carry no fingerprint.
 * ``files``: one checkpoint directory: ``save_checkpoint`` / ``load_checkpoint``.
 * ``store``: numbered versions under a shared root with an atomic ``latest`` pointer, and
   ``load_heads_reference`` (a file, a version folder or a published name folder).
 """
 
+from clm.checkpoint.compat import REFERENCE_ENCODER_MODEL, AssumedEncoder, check_heads_encoder
 from clm.checkpoint.files import (
     LoadedCheckpoint,
     checkpoint_sha256,
@@ -18,6 +22,7 @@ from clm.checkpoint.format import (
     CHECKPOINT_VERSION,
     JSON_FILE,
     MANIFEST_FILE,
+    MAX_PT_BYTES,
     OPTIONS_FILE,
     PT_FILE,
     SAFETENSORS_FILE,
@@ -34,18 +39,22 @@ from clm.checkpoint.store import (
 )
 
 __all__ = [
+    "AssumedEncoder",
     "CHECKPOINT_FORMAT",
     "CHECKPOINT_VERSION",
     "JSON_FILE",
     "LATEST_FILE",
     "MANIFEST_FILE",
+    "MAX_PT_BYTES",
     "OPTIONS_FILE",
     "PT_FILE",
+    "REFERENCE_ENCODER_MODEL",
     "SAFETENSORS_FILE",
     "CheckpointContent",
     "CheckpointError",
     "LoadedCheckpoint",
     "PublishedVersion",
+    "check_heads_encoder",
     "checkpoint_sha256",
     "list_versions",
     "load_checkpoint",

@@ -1,11 +1,14 @@
 """Writing and reading one checkpoint directory: heads.pt, heads.safetensors, heads.json, manifest.json.
 
-* ``heads.pt`` is what clm-serve and the upstream tools load; it is read only
-  with ``torch.load(weights_only=True)``, so a file that smuggles code in a
-  pickle is refused before anything runs.
-* ``heads.safetensors`` carries the same tensors plus the metadata as JSON in
-  its header, for readers that want no pickle at all; ``heads.json`` is the
-  same metadata for humans and tools.
+* ``heads.pt`` is upstream contrastive-lm's checkpoint dict (``format.py``), what
+  clm-serve and upstream's ``HeadPair`` load; it is read only with
+  ``torch.load(weights_only=True)`` and only up to ``MAX_PT_BYTES``, so a file that
+  smuggles code in a pickle is refused before anything runs. Any upstream-format
+  ``.pt`` file (any name, no folder around it, e.g. ``CLM_v0.1-8B.pt``) is read the
+  same way.
+* ``heads.safetensors`` carries the same tensors (``state_head.inp.weight``, ...)
+  plus the metadata as JSON in its header, for readers that want no pickle at
+  all; ``heads.json`` is the same metadata for humans and tools.
 * ``manifest.json`` (sha256 + size of each file) is written last: a directory
   without it is an unfinished save, and a file that no longer matches it is
   corrupt. The checkpoint's identity (used as a child's ``parent``) is the
@@ -26,6 +29,7 @@ import safetensors
 import safetensors.torch
 import torch
 
+import clm.checkpoint.format as _format
 from clm.checkpoint.format import (
     CHECKPOINT_FORMAT,
     CHECKPOINT_VERSION,
@@ -37,6 +41,7 @@ from clm.checkpoint.format import (
     CheckpointContent,
     CheckpointError,
     content_from_heads,
+    split_state_dict,
 )
 from clm.durable import atomic_write_bytes, fsync_dir, sha256_file
 from clm.encoders.base import EncoderFingerprint
@@ -49,8 +54,13 @@ CHECKPOINT_FILES = (PT_FILE, SAFETENSORS_FILE, JSON_FILE)
 class LoadedCheckpoint(CheckpointContent):
     """Validated checkpoint content plus where it came from and its identity."""
 
-    path: Path = Path()
-    sha256: str = ""  # sha256 of heads.pt: what a child checkpoint records as its `parent`
+    path: Path = Path()  # what was loaded: the checkpoint folder, or the .pt file when a file was named
+    sha256: str = ""  # sha256 of the .pt file: what a child checkpoint records as its `parent`
+
+    @property
+    def pt_path(self) -> Path:
+        """The .pt file of this checkpoint."""
+        return self.path / PT_FILE if self.path.is_dir() else self.path
 
     def to_heads(self, device: torch.device | str | None = None) -> CLMHeadPair:
         """A ``CLMHeadPair`` holding these weights (no throwaway random init: built on meta, then assigned)."""
@@ -61,7 +71,7 @@ class LoadedCheckpoint(CheckpointContent):
 
 
 def checkpoint_sha256(path: str | os.PathLike) -> str:
-    """Identity of a checkpoint (directory or heads.pt): the sha256 of its heads.pt."""
+    """Identity of a checkpoint (directory or .pt file): the sha256 of its .pt file."""
     _, pt_path = _locate(Path(path))
     return sha256_file(pt_path)
 
@@ -95,6 +105,7 @@ def save_checkpoint(
     torch.save(content.to_payload(), pt_buffer)
     metadata = content.metadata()
     metadata_json = json.dumps(metadata, sort_keys=True, allow_nan=False)
+    # safetensors: CLMHeadPair's flat names (state_head.inp.weight, ...), the metadata in the header
     blobs = {
         PT_FILE: pt_buffer.getvalue(),
         SAFETENSORS_FILE: safetensors.torch.save(
@@ -118,40 +129,53 @@ def save_checkpoint(
 
 
 def load_checkpoint(
-    path: str | os.PathLike, *, source: Literal["pt", "safetensors"] = "pt", verify_hashes: bool = True
+    path: str | os.PathLike,
+    *,
+    source: Literal["pt", "safetensors"] = "pt",
+    verify_hashes: bool = True,
+    max_bytes: int | None = None,
 ) -> LoadedCheckpoint:
-    """Load and validate a checkpoint from its directory or its heads.pt path.
+    """Load and validate a checkpoint from its directory or a .pt file.
 
     A directory must hold a manifest (else it is an unfinished save). A bare
-    heads.pt without a manifest beside it is accepted (e.g. a file copied out
-    for clm-serve) and gets every structural check, but no hash check.
+    .pt file is accepted: our heads.pt copied out for clm-serve, or any
+    upstream-format file (e.g. the released ``CLM_v0.1-8B.pt``, which has no
+    encoder fingerprint: ``LoadedCheckpoint.is_foreign``, see ``clm.checkpoint.compat``).
+    It gets every structural check, and the hash check when it is a heads.pt with
+    a manifest beside it. A .pt file over ``max_bytes`` (default ``MAX_PT_BYTES``)
+    is refused unread.
     """
-    directory, pt_path = _locate(Path(path))
+    given = Path(path)
+    directory, pt_path = _locate(given)
+    in_folder = given.is_dir() or pt_path.name == PT_FILE  # a loose foreign file ignores folders around it
     manifest_path = directory / MANIFEST_FILE
     pt_sha: str | None = None
-    if manifest_path.is_file():
+    if in_folder and manifest_path.is_file():
         if verify_hashes:
             pt_sha = _verify_manifest(directory)
-    elif Path(path).is_dir():
+    elif given.is_dir():
         raise CheckpointError(f"{directory} holds no {MANIFEST_FILE}: the save never completed (torn checkpoint)")
     elif source == "safetensors":
         raise CheckpointError(f"{pt_path}: loading from safetensors needs the checkpoint directory with its manifest")
 
     if source == "pt":
-        content = CheckpointContent.from_payload(_read_pt(pt_path), source=str(pt_path))
+        content = CheckpointContent.from_payload(_read_pt(pt_path, max_bytes), source=str(pt_path))
     elif source == "safetensors":
         content = _read_safetensors(directory / SAFETENSORS_FILE)
     else:
         raise ValueError(f"source must be 'pt' or 'safetensors', got {source!r}")
-    return LoadedCheckpoint(**_fields(content), path=directory, sha256=pt_sha or sha256_file(pt_path))
+    return LoadedCheckpoint(**_fields(content), path=given, sha256=pt_sha or sha256_file(pt_path))
 
 
 def read_option_texts(path: str | os.PathLike) -> list[str]:
-    """The option texts a checkpoint (directory or heads.pt) was trained with; [] when it lists none.
+    """The option texts a checkpoint (directory or heads.pt) was trained with; [] when it lists none
+    (always for a loose .pt file of another name, such as an upstream head).
 
     The file is checked against the manifest (size and sha256) when one is there.
     """
-    directory, _ = _locate(Path(path))
+    directory, pt_path = _locate(Path(path))
+    if not Path(path).is_dir() and pt_path.name != PT_FILE:
+        return []
     options_path = directory / OPTIONS_FILE
     if not options_path.is_file():
         return []
@@ -180,9 +204,16 @@ def _locate(path: Path) -> tuple[Path, Path]:
     raise CheckpointError(f"no checkpoint at {path}")
 
 
-def _read_pt(pt_path: Path) -> object:
+def _read_pt(pt_path: Path, max_bytes: int | None = None) -> object:
     if not pt_path.is_file():
         raise CheckpointError(f"{pt_path} is missing")
+    limit = _format.MAX_PT_BYTES if max_bytes is None else max_bytes
+    size = pt_path.stat().st_size
+    if size > limit:
+        raise CheckpointError(
+            f"{pt_path}: refused unread: {size} bytes is over the {limit}-byte limit of a heads checkpoint "
+            "(clm.checkpoint.MAX_PT_BYTES)"
+        )
     try:
         return torch.load(pt_path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
@@ -210,7 +241,13 @@ def _read_safetensors(st_path: Path) -> CheckpointContent:
         raise CheckpointError(f"{st_path}: header metadata is not JSON: {error}") from error
     if not isinstance(metadata, dict):
         raise CheckpointError(f"{st_path}: header metadata is not a JSON object")
-    return CheckpointContent.from_payload({**metadata, "state_dict": state_dict}, source=str(st_path))
+    if "config" in metadata:  # the old own format's header: refused (retrain) by from_payload
+        return CheckpointContent.from_payload({**metadata, "state_dict": state_dict}, source=str(st_path))
+    strays = sorted(k for k in state_dict if k != "logit_scale" and not k.startswith(("state_head.", "action_head.")))
+    if strays or "logit_scale" not in state_dict:
+        raise CheckpointError(f"{st_path}: the weights do not fit the cfg: unexpected {strays}"
+                              + ("" if "logit_scale" in state_dict else ", missing ['logit_scale']"))
+    return CheckpointContent.from_payload({**metadata, **split_state_dict(state_dict)}, source=str(st_path))
 
 
 def read_manifest(directory: Path) -> dict:

@@ -114,9 +114,12 @@ def resolve_latest(root: str | os.PathLike, name: str) -> PublishedVersion:
 
 
 def load_heads_reference(path: str | os.PathLike) -> LoadedCheckpoint:
-    """heads.pt, a checkpoint folder, or a published name folder (then the version its ``latest`` names).
+    """A .pt file (our heads.pt, or any upstream-format file such as ``CLM_v0.1-8B.pt``), a checkpoint
+    folder, or a published name folder (then the version its ``latest`` names).
 
-    How a recipe's ``heads.init_checkpoint`` and ``clm eval --compare`` name heads.
+    How a recipe's ``heads.init_checkpoint`` and ``clm eval --compare`` name heads. A file
+    without an encoder fingerprint must then pass ``clm.checkpoint.compat.check_heads_encoder``
+    against the run's encoder (the recipe does so).
     """
     path = Path(path)
     if (path / LATEST_FILE).is_file():

@@ -11,7 +11,9 @@ the same records, the same embedding table (cached texts are not encoded
 again), the same scoring. Then both heads score validation and test, and
 ``clm.comparison`` gives ``B - A`` per metric with a paired bootstrap interval
 over records, overall, per question type and on questions training did / did
-not contain. Any ``--section.key value`` argument overrides the YAML.
+not contain; ``clm-raw`` (the encoder's own cosine, no heads) is scored beside
+them, with ``A - clm-raw`` and ``B - clm-raw`` in ``--json``. Any
+``--section.key value`` argument overrides the YAML.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from clm.errors import BAD_INPUT, KIND_OUTCOMES
 
 EXIT_CONFIG = KIND_OUTCOMES[BAD_INPUT].exit_code  # an A or B that names nothing (clm.errors: bad input)
 COMPARISON = "B - A"
+RAW = "clm-raw"  # clm.baselines.RAW_BASELINE (not imported at module level: `clm --help` stays fast)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -106,15 +109,19 @@ def _compare_here(args: argparse.Namespace, config: Any, heads: list[Path], sett
 
 def comparison_result(recipe: Any, heads: list[Path], scored: dict, settings: Any) -> dict:
     """``{"a", "b", "bootstrap", "texts_embedded", "splits": {split: {"metrics", "groups", "comparisons"}}}``."""
+    from clm.baselines import RAW_BASELINE, score_baseline
     from clm.comparison import compare_predictors, group_metrics, scopes
     from clm.generalisation import GROUP_ORDER, TrainingVocabulary, generalisation_groups
     from clm.recipes.evaluation import summarize
+
+    assert RAW == RAW_BASELINE
 
     train = recipe.encoded.get("train")
     vocabulary = TrainingVocabulary.of(train) if train else None
     splits = {}
     for split in scored["A"]:
-        predictors = {"A": scored["A"][split], "B": scored["B"][split]}
+        predictors = {"A": scored["A"][split], "B": scored["B"][split],
+                      RAW: score_baseline(None, RAW, recipe.table, recipe.encoded[split])}
         groups = {}
         if vocabulary is not None:
             masks = generalisation_groups(vocabulary, recipe.encoded[split])
@@ -122,8 +129,9 @@ def comparison_result(recipe: Any, heads: list[Path], scored: dict, settings: An
         splits[split] = {
             "metrics": {label: summarize(questions)["overall"] for label, questions in predictors.items()},
             "groups": group_metrics(predictors, groups),
-            "comparisons": compare_predictors(predictors, [(COMPARISON, "A", "B")],
-                                              scopes(predictors["A"], groups), settings),
+            "comparisons": compare_predictors(
+                predictors, [(COMPARISON, "A", "B"), (f"A - {RAW}", RAW, "A"), (f"B - {RAW}", RAW, "B")],
+                scopes(predictors["A"], groups), settings),
         }
     return {"a": str(heads[0]), "b": str(heads[1]), "bootstrap": settings.as_dict(),
             "texts_embedded": recipe.texts_embedded, "texts_total": recipe.texts_total, "splits": splits}
@@ -153,6 +161,7 @@ def print_comparison(result: dict) -> None:
                 count = entry["metrics"]["A"]["count"]
                 table.add_row("A", "", *(number(entry["metrics"]["A"].get(m)) for m in TABLE_METRICS))
                 table.add_row("B", "", *(number(entry["metrics"]["B"].get(m)) for m in TABLE_METRICS))
+                table.add_row(RAW, "", *(number(entry["metrics"][RAW].get(m)) for m in TABLE_METRICS))
             cells = [interval_text(intervals.get(metric), 3) for metric in TABLE_METRICS]
             table.add_row(scope, "" if count is None else str(count),
                           *(f"[{styles[v]}]{t}[/]" if styles[v] else t for t, v in cells))

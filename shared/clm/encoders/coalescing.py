@@ -12,11 +12,16 @@ failure policy, one token split for every service).
 A refused text (``EncoderInputError``) fails only the caller that sent it, with
 the index into *its* texts; an outage fails every caller of the batch, so the
 cache above never stores anything of it.
+
+A call may ask for its own truncation (``max_tokens``, the embedder's
+``truncate_prompt_tokens``): calls of one batch that ask for the same one are
+encoded together, one backend call per distinct value.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 from clm.encoders.base import EncodeResult, EncoderBackend, EncoderError
 from clm.microbatch import MicroBatcher, split_tokens
@@ -24,7 +29,12 @@ from clm.microbatch import MicroBatcher, split_tokens
 __all__ = ["CoalescingEncoder", "split_tokens"]
 
 
-class CoalescingEncoder(MicroBatcher[list[str], EncodeResult]):
+class _Call(NamedTuple):
+    texts: list[str]
+    max_tokens: int | None  # None: the backend's own truncation (fingerprint.max_tokens)
+
+
+class CoalescingEncoder(MicroBatcher[_Call, EncodeResult]):
     """An :class:`EncoderBackend` that batches concurrent calls to ``inner``.
 
     ``max_concurrency``: batches in flight at once (1 for a local model, which
@@ -40,25 +50,37 @@ class CoalescingEncoder(MicroBatcher[list[str], EncodeResult]):
         self.dim = inner.dim
         self.max_batch_texts = self.max_items
 
-    async def encode(self, texts: list[str]) -> EncodeResult:
+    async def encode(self, texts: list[str], max_tokens: int | None = None) -> EncodeResult:
+        """``max_tokens``: passed on to ``inner.encode`` (which must then take it); None: not passed."""
         if not texts:
+            return await self._inner_encode([], max_tokens)
+        return await self.submit(_Call(list(texts), max_tokens))
+
+    def size_of(self, payload: _Call) -> int:
+        return len(payload.texts)
+
+    async def process(self, payloads: list[_Call]) -> list[EncodeResult]:
+        groups: dict[int | None, list[int]] = {}
+        for position, payload in enumerate(payloads):
+            groups.setdefault(payload.max_tokens, []).append(position)
+        out: list[EncodeResult | None] = [None] * len(payloads)
+        for max_tokens, positions in groups.items():
+            members = [payloads[p].texts for p in positions]
+            texts = [text for member in members for text in member]
+            result = await self._inner_encode(texts, max_tokens)
+            if result.vectors.shape != (len(texts), self.dim):
+                raise EncoderError(f"encoder returned vectors of shape {result.vectors.shape} for {len(texts)} "
+                                   f"texts of width {self.dim}")
+            start = 0
+            for position, member, tokens in zip(positions, members, split_tokens(result.prompt_tokens, members)):
+                out[position] = EncodeResult(vectors=result.vectors[start:start + len(member)], prompt_tokens=tokens)
+                start += len(member)
+        return out  # type: ignore[return-value]
+
+    async def _inner_encode(self, texts: list[str], max_tokens: int | None) -> EncodeResult:
+        if max_tokens is None:
             return await self.inner.encode(texts)
-        return await self.submit(list(texts))
-
-    def size_of(self, payload: list[str]) -> int:
-        return len(payload)
-
-    async def process(self, payloads: list[list[str]]) -> list[EncodeResult]:
-        texts = [text for payload in payloads for text in payload]
-        result = await self.inner.encode(texts)
-        if result.vectors.shape != (len(texts), self.dim):
-            raise EncoderError(f"encoder returned vectors of shape {result.vectors.shape} for {len(texts)} texts "
-                               f"of width {self.dim}")
-        out, start = [], 0
-        for payload, tokens in zip(payloads, split_tokens(result.prompt_tokens, payloads)):
-            out.append(EncodeResult(vectors=result.vectors[start:start + len(payload)], prompt_tokens=tokens))
-            start += len(payload)
-        return out
+        return await self.inner.encode(texts, max_tokens=max_tokens)  # type: ignore[call-arg]
 
     async def health(self) -> bool:
         return await self.inner.health()

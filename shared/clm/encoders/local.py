@@ -93,18 +93,24 @@ class LocalEncoder:
             tokenizer.pad_token = tokenizer.eos_token
         return tokenizer, model.to(device).eval()
 
-    async def encode(self, texts: list[str]) -> EncodeResult:
+    async def encode(self, texts: list[str], max_tokens: int | None = None) -> EncodeResult:
+        """``max_tokens``: cut every text to that many tokens instead of ``fingerprint.max_tokens`` (at most
+        that), as vLLM's ``truncate_prompt_tokens`` does (``clm.encoders.truncation``)."""
         if self._executor is None:
             raise EncoderError("the local encoder is closed")
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self.encode_blocking, list(texts))
+        return await loop.run_in_executor(self._executor, self.encode_blocking, list(texts), max_tokens)
 
-    def encode_blocking(self, texts: list[str]) -> EncodeResult:
+    def encode_blocking(self, texts: list[str], max_tokens: int | None = None) -> EncodeResult:
         """Encode on the calling thread (for scripts and benchmarks without an event loop)."""
+        limit = self.fingerprint.max_tokens if max_tokens is None else max_tokens
+        if not 1 <= limit <= self.fingerprint.max_tokens:
+            raise ValueError(f"max_tokens must be in 1..{self.fingerprint.max_tokens}, not {max_tokens}")
         if not texts:
             return EncodeResult(np.zeros((0, self.dim), dtype=np.float32), 0)
+        # The tokenizer's own truncation, special tokens kept: the call vLLM makes for truncate_prompt_tokens.
         token_ids: list[list[int]] = self._tokenizer(
-            texts, add_special_tokens=True, truncation=True, max_length=self.fingerprint.max_tokens,
+            texts, add_special_tokens=True, truncation=True, max_length=limit,
             padding=False, return_attention_mask=False,
         )["input_ids"]
         lengths = [len(ids) for ids in token_ids]

@@ -108,6 +108,19 @@ def model_hidden_size(model_dir: Path | str) -> int:
     return int(config["hidden_size"])
 
 
+def model_max_tokens(model_dir: Path | str) -> int | None:
+    """The most tokens a model folder takes: ``max_position_embeddings`` of its config.json, or a
+    sentence-transformers folder's ``max_seq_length`` when smaller (what vLLM takes as its maximum
+    length too); None when neither says."""
+    model_dir = Path(model_dir)
+    limits = []
+    with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+        limits.append(int(json.loads((model_dir / "config.json").read_text())["max_position_embeddings"]))
+    with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+        limits.append(int(json.loads((model_dir / "sentence_bert_config.json").read_text())["max_seq_length"]))
+    return min(limits) if limits else None
+
+
 def fingerprint_for_model_dir(
     model_dir: Path | str,
     *,

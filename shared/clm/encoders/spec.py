@@ -36,7 +36,12 @@ from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_aft
 
 from clm.encoders.base import EncoderBackend, EncoderError, EncoderFingerprint, Pooling
 from clm.encoders.minilm import MINILM_NAME, minilm_model_dir
-from clm.encoders.model_identity import fingerprint_for_model_dir, model_hidden_size, resolve_pooling
+from clm.encoders.model_identity import (
+    fingerprint_for_model_dir,
+    model_hidden_size,
+    model_max_tokens,
+    resolve_pooling,
+)
 
 log = logging.getLogger(__name__)
 
@@ -44,12 +49,33 @@ Backend = Literal["local", "vllm", "embedder"]
 PoolingChoice = Literal["auto", "last", "mean", "cls"]
 RetryNotice = Callable[[str], None]
 
+# The reference encoder, the default of every encoder setting (the recipe, the embedder, clm-serve):
+# upstream contrastive-lm's heads read Qwen3-8B's last-token hidden state, L2-normalised, of texts cut
+# to 2048 tokens. By name only: nothing is downloaded, so the local backend needs its folder (a name
+# that is no folder fails with NotAModelFolder), and vllm serving it by name needs ``weights_id``.
+DEFAULT_ENCODER_MODEL = "Qwen/Qwen3-8B"
+DEFAULT_ENCODER_POOLING: Pooling = "last"
+DEFAULT_ENCODER_MAX_TOKENS = 2048
+
 # Model names that resolve to a folder the project ships: name -> (folder locator, display name).
 MODEL_ALIASES = {"minilm": (minilm_model_dir, MINILM_NAME)}
 
 
 class NotAModelFolder(EncoderError):
     """``model`` is neither an alias nor a local folder with a config.json (models are never downloaded)."""
+
+
+class TooManyTokens(EncoderError):
+    """``max_tokens`` exceeds what the model folder takes (its positions would run out on long texts)."""
+
+
+def check_max_tokens(model_dir: Path, name: str, max_tokens: int) -> None:
+    """Refuse a truncation the model cannot take, at start-up, instead of failing on the first long text."""
+    limit = model_max_tokens(model_dir)
+    if limit is not None and max_tokens > limit:
+        raise TooManyTokens(f"max_tokens={max_tokens} exceeds the {limit} tokens model {name!r} takes "
+                            f"(config.json max_position_embeddings, or sentence_bert_config.json "
+                            f"max_seq_length): set the encoder's max_tokens to at most {limit}")
 
 
 def resolve_model_dir(model: str) -> tuple[Path, str]:
@@ -72,13 +98,13 @@ class EncoderSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     backend: Backend = "local"
-    model: str = Field("minilm", min_length=1, description="an alias, a local model folder, or (vllm with "
-                                                            "weights_id) a served hub name; embedder: unused")
-    pooling: PoolingChoice = Field("auto", description="'auto': last-token for causal decoders, mean otherwise "
-                                                       "(clm.encoders.model_identity.auto_pooling)")
+    model: str = Field(DEFAULT_ENCODER_MODEL, min_length=1, description="an alias, a local model folder, or "
+                       "(vllm with weights_id) a served hub name; embedder: unused")
+    pooling: PoolingChoice = Field(DEFAULT_ENCODER_POOLING, description="'auto': last-token for causal decoders, "
+                                   "mean otherwise (clm.encoders.model_identity.auto_pooling)")
     normalize: bool = True
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    max_tokens: int = Field(256, gt=0)
+    max_tokens: int = Field(DEFAULT_ENCODER_MAX_TOKENS, gt=0)
     template_version: str | None = None  # None: clm.texts.TEMPLATE_VERSION
     # local
     device: str = "auto"
@@ -116,6 +142,7 @@ class EncoderSpec(BaseModel):
             return fetch_remote_identity(self.url, self.timeout_s, self.identity_retry_s, on_retry)
         model_dir, name = self._model_dir()
         if model_dir is not None:
+            check_max_tokens(model_dir, name, self.max_tokens)
             return self._folder_fingerprint(model_dir, name), model_hidden_size(model_dir)
         return self._weights_id_fingerprint(), probe_dim(self.url, self.served_model)
 
@@ -136,10 +163,21 @@ class EncoderSpec(BaseModel):
             options.update(served_model=self.served_model or None)
         return VLLMEncoder(self.url, fingerprint=fingerprint, dim=dim, **options)
 
+    def tokenizer_folder(self) -> Path | None:
+        """The model folder whose tokenizer turns texts into what this encoder sees (None: the embedder
+        backend, or vllm serving a hub name: no tokenizer here)."""
+        if self.backend == "embedder":
+            return None
+        try:
+            return resolve_model_dir(self.model)[0]
+        except NotAModelFolder:
+            return None
+
     def _build_local(self) -> EncoderBackend:
         from clm.encoders.local import LocalEncoder  # imports torch + transformers: only when asked
 
         model_dir, name = resolve_model_dir(self.model)
+        check_max_tokens(model_dir, name, self.max_tokens)
         return LocalEncoder(
             model_dir, pooling=resolve_pooling(self.pooling, model_dir, self.model), normalize=self.normalize,
             dtype=self.dtype, max_tokens=self.max_tokens, template_version=self.template_version,

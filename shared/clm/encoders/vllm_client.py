@@ -122,7 +122,11 @@ class VLLMEncoder:
 
     # ---- EncoderBackend -------------------------------------------------------------------
 
-    async def encode(self, texts: list[str]) -> EncodeResult:
+    async def encode(self, texts: list[str], max_tokens: int | None = None) -> EncodeResult:
+        """``max_tokens``: the server cuts every text to that many tokens (``truncate_prompt_tokens``) instead
+        of ``fingerprint.max_tokens`` (at most that; ``clm.encoders.truncation``)."""
+        if max_tokens is not None and not 1 <= max_tokens <= self.fingerprint.max_tokens:
+            raise ValueError(f"max_tokens must be in 1..{self.fingerprint.max_tokens}, not {max_tokens}")
         texts = list(texts)
         if not texts:
             return EncodeResult(np.zeros((0, self.dim), dtype=np.float32), 0)
@@ -134,7 +138,7 @@ class VLLMEncoder:
         try:
             # A TaskGroup cancels the sibling batches as soon as one fails for good.
             async with asyncio.TaskGroup() as group:
-                tasks = [group.create_task(self._encode_batch(texts, batch)) for batch in batches]
+                tasks = [group.create_task(self._encode_batch(texts, batch, max_tokens)) for batch in batches]
         except BaseExceptionGroup as failures:
             raise failures.exceptions[0] from None
         prompt_tokens = 0
@@ -156,14 +160,15 @@ class VLLMEncoder:
 
     # ---- one batch ------------------------------------------------------------------------
 
-    async def _encode_batch(self, texts: list[str], batch: list[int]) -> tuple[np.ndarray, int]:
+    async def _encode_batch(self, texts: list[str], batch: list[int],
+                            max_tokens: int | None) -> tuple[np.ndarray, int]:
         async with self._slots:
             try:
-                return await self._post_with_retries([texts[i] for i in batch])
+                return await self._post_with_retries([texts[i] for i in batch], max_tokens)
             except _Refused as refused:
-                raise await self._locate_refused_input(texts, batch, refused) from None
+                raise await self._locate_refused_input(texts, batch, refused, max_tokens) from None
 
-    async def _post_with_retries(self, inputs: list[str]) -> tuple[np.ndarray, int]:
+    async def _post_with_retries(self, inputs: list[str], max_tokens: int | None = None) -> tuple[np.ndarray, int]:
         try:
             async for attempt in AsyncRetrying(
                 stop=stop_after_attempt(self.retry_attempts),
@@ -172,7 +177,7 @@ class VLLMEncoder:
                 reraise=True,
             ):
                 with attempt:
-                    return await self._post_once(inputs)
+                    return await self._post_once(inputs, max_tokens)
         except (httpx.HTTPStatusError, httpx.TransportError) as exc:
             raise EncoderError(
                 f"vLLM at {self.base_url} failed {self.retry_attempts} attempts to embed "
@@ -180,13 +185,15 @@ class VLLMEncoder:
             ) from exc
         raise AssertionError("unreachable: tenacity either returns or reraises")
 
-    async def _post_once(self, inputs: list[str]) -> tuple[np.ndarray, int]:
+    async def _post_once(self, inputs: list[str], max_tokens: int | None = None) -> tuple[np.ndarray, int]:
         payload: dict[str, Any] = {"input": inputs, "encoding_format": "base64", "embed_dtype": self.embed_dtype}
         if self.served_model:
             payload["model"] = self.served_model
         if not self.openai_strict:
             payload["endianness"] = "little"
-            payload["truncate_prompt_tokens"] = self.fingerprint.max_tokens
+            payload["truncate_prompt_tokens"] = self.fingerprint.max_tokens if max_tokens is None else max_tokens
+        elif max_tokens is not None:  # asked for explicitly: our embedder takes it too
+            payload["truncate_prompt_tokens"] = max_tokens
         response = await self._client.post("/v1/embeddings", json=payload)
         if response.status_code >= 500:
             response.raise_for_status()  # HTTPStatusError: transient, retried
@@ -227,14 +234,15 @@ class VLLMEncoder:
             )
         return vectors.astype(np.float32, copy=False), prompt_tokens
 
-    async def _locate_refused_input(self, texts: list[str], batch: list[int], refused: _Refused) -> EncoderInputError:
+    async def _locate_refused_input(self, texts: list[str], batch: list[int], refused: _Refused,
+                                    max_tokens: int | None = None) -> EncoderInputError:
         """Bisect a refused batch down to one input, so the error names which input is at fault."""
         suspects, last = batch, refused
         while len(suspects) > 1:
             half = len(suspects) // 2
             for part in (suspects[:half], suspects[half:]):
                 try:
-                    await self._post_with_retries([texts[i] for i in part])
+                    await self._post_with_retries([texts[i] for i in part], max_tokens)
                 except _Refused as exc:
                     suspects, last = part, exc
                     break

@@ -20,18 +20,19 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from clm.checkpoint.compat import AssumedEncoder
 from clm.decision.config import DecisionLossConfig
 from clm.decision.errors import DecisionLossConfigError
-from clm.encoders.spec import EncoderSpec
+from clm.encoders.spec import DEFAULT_ENCODER_MAX_TOKENS, DEFAULT_ENCODER_MODEL, DEFAULT_ENCODER_POOLING, EncoderSpec
 from clm.errors import BAD_INPUT, KindedError
 from clm.heads import HeadConfig
 from clm.recipes.overrides import OverrideError, apply_overrides, parse_overrides
 
 RecipeMode = Literal["eval", "train"]
 
-# The documented encoder (the production CLM embedding space), by name: a config that runs it
-# locally points ``encoder.model`` at its folder; the example config picks MiniLM for CPU laptops.
-DEFAULT_ENCODER_MODEL = "Qwen/Qwen3-Embedding-8B"
+# The documented encoder (clm.encoders.spec: Qwen/Qwen3-8B, last-token, 2048 tokens), by name: a config
+# that runs it locally points ``encoder.model`` at its folder (nothing is downloaded); the example
+# config picks MiniLM with 256 tokens for CPU laptops.
 # The loss defaults are DecisionLossConfig's own (the documented ones), so a default run is the
 # documented objective, not plain cross-entropy.
 _LOSS_DEFAULTS = DecisionLossConfig()
@@ -71,9 +72,10 @@ class DataConfig(_Section):
 class EncoderConfig(_Section):
     """Which frozen encoder embeds the texts, and how the trainer reaches it.
 
-    The defaults are the documented CLM contract: Qwen3-Embedding-8B, a causal
-    decoder, with last-token pooling and L2 normalisation (what clm-serve and
-    the vLLM pooling server use). ``model`` must name a local model folder (or
+    The defaults are the documented CLM contract: Qwen3-8B, a causal decoder,
+    with last-token pooling, L2 normalisation and texts cut to 2048 tokens
+    (upstream contrastive-lm's reference heads; what clm-serve and the vLLM
+    pooling server use). ``model`` must name a local model folder (or
     the ``minilm`` alias) for the local backend: nothing is downloaded. The
     bundled example states MiniLM + mean pooling explicitly, for CPU laptops.
 
@@ -93,13 +95,13 @@ class EncoderConfig(_Section):
     backend: Literal["local", "embedder"] = "local"
     model: str = Field(DEFAULT_ENCODER_MODEL, min_length=1,
                        description="model folder or alias ('minilm' = the bundled all-MiniLM-L6-v2); "
-                                   "default: the production Qwen3-8B embedding model, by name")
+                                   "default: the production Qwen3-8B encoder, by name")
     pooling: Literal["auto", "last", "mean", "cls"] = Field(
-        "last", description="'auto': last-token for causal decoders, mean otherwise (one rule: "
+        DEFAULT_ENCODER_POOLING, description="'auto': last-token for causal decoders, mean otherwise (one rule: "
                             "clm.encoders.model_identity.auto_pooling, as the embedder and clm-serve)")
     normalize: bool = True
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    max_tokens: int = Field(256, gt=0)
+    max_tokens: int = Field(DEFAULT_ENCODER_MAX_TOKENS, gt=0, description="texts are cut to this many tokens")
     device: str = Field("auto", description="local backend: 'auto' = cuda where present, else cpu; under "
                                             "torchrun 'auto'/'cuda' mean cuda:<LOCAL_RANK>")
     chunk_texts: int = Field(
@@ -141,25 +143,35 @@ class CacheConfig(_Section):
 
 
 class HeadShape(HeadConfig):
-    """``HeadConfig`` whose ``encoder_dim`` may be left out: it is then taken from the encoder."""
+    """``HeadConfig`` (upstream's cfg keys: ``width``, ``depth``, ``projection_dim``, ``activation``,
+    ``layernorm``, ``residual``, ``hidden_size``) whose ``hidden_size`` may be left out: it is then the
+    encoder's width."""
 
-    encoder_dim: int | None = Field(None, gt=0)  # type: ignore[assignment]
+    hidden_size: int | None = Field(None, gt=0)  # type: ignore[assignment]
 
     def resolve(self, encoder_dim: int) -> HeadConfig:
-        if self.encoder_dim is not None and self.encoder_dim != encoder_dim:
+        if self.hidden_size is not None and self.hidden_size != encoder_dim:
             raise ConfigError(
-                f"heads.config.encoder_dim is {self.encoder_dim}, but the encoder produces {encoder_dim}-d vectors"
+                f"heads.config.hidden_size is {self.hidden_size}, but the encoder produces {encoder_dim}-d vectors"
             )
-        return HeadConfig(**{**self.model_dump(), "encoder_dim": encoder_dim})
+        return HeadConfig(**{**self.model_dump(), "hidden_size": encoder_dim})
 
 
 class HeadsConfig(_Section):
-    """Shape of new heads, or the checkpoint to start from (its own config then wins)."""
+    """Shape of new heads, or the checkpoint to start from (its own shape then wins: ``config`` is unused).
+
+    ``assumed_encoder`` is what an ``init_checkpoint`` without an encoder fingerprint (an
+    upstream-format file such as ``CLM_v0.1-8B.pt``) was trained on; it must match this run's
+    encoder (default: the reference contract, Qwen3-8B with last-token pooling, L2-normalised,
+    4096 wide). Our own checkpoints carry their fingerprint, which must equal the run's.
+    """
 
     config: HeadShape = Field(default_factory=HeadShape)
     init_checkpoint: Path | None = Field(
-        None, description="heads.pt, a checkpoint folder, or a published name folder (its latest version)"
+        None, description="a .pt file (ours or upstream's), a checkpoint folder, or a published name folder "
+                          "(its latest version)"
     )
+    assumed_encoder: AssumedEncoder = Field(default_factory=AssumedEncoder)
     seed: int = Field(0, description="initialisation seed of new heads (no init_checkpoint)")
 
 

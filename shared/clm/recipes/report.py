@@ -160,11 +160,18 @@ def _split_section(report: Mapping[str, Any], split: str, diagrams: Mapping[str,
     return "<section>" + "".join(parts) + "</section>"
 
 
+def _findings(report: Mapping[str, Any]) -> str:
+    findings = report.get("findings") or []
+    if not findings:
+        return ""
+    items = "".join(f"<li>{html.escape(text)}</li>" for text in findings)
+    return f'<h2>Findings</h2><ul class="findings">{items}</ul>'
+
+
 def _baseline_notes(report: Mapping[str, Any]) -> str:
     info = (report.get("baselines") or {}).get("info") or {}
-    if info.get("missing"):
-        return f"<p>Baselines: none ({html.escape(info['missing'])}).</p>"
-    items = [f"<li><b>{html.escape(name)}</b>: {html.escape(text)}</li>"
+    items = [f"<li>{html.escape(info['missing'])}</li>"] if info.get("missing") else []
+    items += [f"<li><b>{html.escape(name)}</b>: {html.escape(text)}</li>"
              for name, text in (info.get("descriptions") or {}).items()]
     items += [f"<li>{html.escape(name)}: {html.escape(line)}</li>"
               for name, lines in (info.get("notes") or {}).items() for line in lines]
@@ -225,9 +232,11 @@ th, td {{ border: 1px solid #ccc; padding: 0.2em 0.6em; text-align: right; }}
 th:first-child, td:first-child {{ text-align: left; }}
 .better {{ color: #067d17; }} .worse {{ color: #b00020; }} .ns {{ color: #777; }}
 .diagrams {{ display: flex; gap: 1em; }} figure {{ margin: 0; }}
+.findings li {{ color: #b00020; }}
 </style></head><body>
 <h1>CLM heads report</h1>
 <table>{summary_rows}</table>
+{_findings(report)}
 {_timings_section(report)}
 {_baseline_notes(report)}
 {sections}

@@ -43,7 +43,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from clm.checkpoint import LoadedCheckpoint, PublishedVersion, load_heads_reference
+from clm.checkpoint import (
+    CheckpointError,
+    LoadedCheckpoint,
+    PublishedVersion,
+    check_heads_encoder,
+    load_heads_reference,
+)
 from clm.decision.batch import QuestionLogits
 from clm.embedding_table import EmbeddingTable
 from clm.encoders.base import EncoderError
@@ -165,13 +171,14 @@ class TrainCLMHeadsRecipe:
         return contract
 
     def check_checkpoint_encoder(self, checkpoint: LoadedCheckpoint, key: str = "heads.init_checkpoint") -> None:
-        """Refuse heads trained on another encoder than this run's (``ConfigError`` naming ``key``)."""
+        """Refuse heads trained on another encoder, width or text contract than this run's (``ConfigError``
+        naming ``key``); a file without a fingerprint is checked against ``heads.assumed_encoder``."""
         assert self.contract is not None
-        if checkpoint.encoder.digest != self.contract.fingerprint.digest:
-            raise ConfigError(
-                f"{key} {checkpoint.path} was trained on encoder {checkpoint.encoder.as_dict()}, "
-                f"but this run embeds with {self.contract.fingerprint.as_dict()}; heads only work on their own encoder"
-            )
+        try:
+            check_heads_encoder(checkpoint, self.contract.fingerprint, self.contract.dim,
+                                self.cfg.heads.assumed_encoder, where=f"{key} {checkpoint.path}")
+        except CheckpointError as error:
+            raise ConfigError(str(error)) from None
 
     # ---------------------------------------------------------------- embed phase
     def _cache_path(self, texts: list[str]) -> Path:

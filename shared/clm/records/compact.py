@@ -42,7 +42,7 @@ import numpy as np
 from clm.records.fast_lines import FastLineReader, QuestionsBlock, RewardRows, VouchedLine
 from clm.records.loader import read_records_file
 from clm.records.model import QuestionTarget, Record
-from clm.texts import STATE_LABEL, option_texts, render_state, state_text_tail
+from clm.texts import join_state, option_texts, render_state, state_text_tail
 
 
 class TextIds:
@@ -189,8 +189,8 @@ class _Builder:
             compacted = self._compact_block(block, rendered_state, instructions)
         else:
             ids = self.texts.ids
-            state = STATE_LABEL + rendered_state
-            self.state_text_ids.extend([ids.setdefault(state + tail, len(ids)) for tail in compacted[1].state_tails])
+            self.state_text_ids.extend([ids.setdefault(join_state(rendered_state, tail), len(ids))
+                                        for tail in compacted[1].state_tails])
         self.record_blocks.append(compacted[0])
         label_index = self._labels.get(labels)
         if label_index is None:
@@ -208,8 +208,8 @@ class _Builder:
         id_of = self.texts.id_of
         state_tails, schema_index, option_counts, option_text_ids = [], [], [], []
         for question_id, question in block.items:
-            tail = state_text_tail(question_id, question.instructions, instructions)
-            self.state_text_ids.append(id_of(STATE_LABEL + rendered_state + tail))
+            tail = state_text_tail(question.instructions, instructions)
+            self.state_text_ids.append(id_of(join_state(rendered_state, tail)))
             state_tails.append(tail)
             schema = QuestionSchema(question_id, question.option_ids(), question.type_id)
             schema_index.append(self._schema_ids.setdefault(schema, len(self._schema_ids)))

@@ -156,12 +156,9 @@ class FastLineReader:
             return None
         state_raw = members["state"]
         state = _decode_state(state_raw)
-        if isinstance(state, dict):
-            if _encode(state) != bytes(state_raw):
-                return None
-            rendered = render_state(state)
-        else:
-            rendered = state
+        if isinstance(state, dict) and _encode(state) != bytes(state_raw):
+            return None
+        rendered = render_state(state)
         block_key = bytes(members["questions"])
         block = self._blocks.get(block_key)
         if block is None:

@@ -52,21 +52,22 @@ def _check_finite_tree(value: Any, path: str) -> None:
             _check_finite_tree(child, join_path(path, index))
 
 
-def checked_state(state: Any) -> str | dict[str, Any]:
+def checked_state(state: Any) -> Any:
     """The one rule of what a valid state is, shared by the records loader and clm-serve.
 
-    vLLM's ``/v1/systemone`` takes any text as the state, the empty one
-    included (a request may carry all its meaning in the questions), so we do
-    too. A JSON object must have string keys and finite numbers, because only
-    then does its canonical text (``clm.texts.render_state``) exist. Raises
-    ``FieldProblem`` naming the path at fault.
+    Any JSON value, as the upstream CLM takes it: a text (the empty one
+    included: a request may carry all its meaning in the questions), an
+    object, an array, a number, a boolean or null, each rendered as prose by
+    ``clm.texts.render_state``. Objects need string keys and numbers must be
+    finite, because only then is the value JSON. Raises ``FieldProblem``
+    naming the path at fault.
     """
-    if isinstance(state, str):
+    if isinstance(state, str) or state is None or isinstance(state, (bool, int)):
         return state
-    if isinstance(state, dict):
+    if isinstance(state, (dict, list, float)):
         _check_finite_tree(state, "state")
         return state
-    raise FieldProblem("state", f"state must be a string or a JSON object, got {describe(state)}")
+    raise FieldProblem("state", f"state must be a JSON value, got {describe(state)}")
 
 
 class SystemOneRequest(BaseModel):

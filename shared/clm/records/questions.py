@@ -4,7 +4,7 @@ Every question enumerates its options in **model-output order** (ARCHITECTURE
 §2), and every tensor downstream is built from that explicit list, never
 from dictionary order elsewhere:
 
-* ``noul``   (type id 0): ``("yes", "no")``;
+* ``noul``   (type id 0): ``("no", "yes")``, upstream's ``false``, ``true``;
 * ``choice`` (type id 1): the criteria keys, in request order;
 * ``score``  (type id 2): level indices ``("0", ..., "K-1")``, lowest first.
 
@@ -18,13 +18,13 @@ import functools
 import math
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, StrictStr, field_validator
 
 NOUL_TYPE = 0
 CHOICE_TYPE = 1
 SCORE_TYPE = 2
 QUESTION_TYPE_IDS: dict[str, int] = {"noul": NOUL_TYPE, "choice": CHOICE_TYPE, "score": SCORE_TYPE}
-NOUL_OPTIONS: tuple[str, str] = ("yes", "no")
+NOUL_OPTIONS: tuple[str, str] = ("no", "yes")  # upstream CLM's (false, true): its texts, its order
 # Label of an unanswered question; the same value as the objectives' IGNORE_INDEX
 # (kept here too so reading records never imports torch).
 IGNORE_INDEX = -100
@@ -61,14 +61,11 @@ class _Question(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     type_id: ClassVar[int]
-    instructions: NonEmptyStr | None = None
+    # Any JSON value, rendered as prose (clm.texts.to_text) after the state; null or "" asks nothing more.
+    instructions: JsonValue = None
 
     def option_ids(self) -> tuple[str, ...]:
         """Option ids in model-output order."""
-        raise NotImplementedError
-
-    def option_descriptions(self) -> tuple[str | None, ...]:
-        """One description per option (None when the request gives none), same order."""
         raise NotImplementedError
 
     def label_of(self, answer: Any) -> int:
@@ -108,12 +105,16 @@ class NoulCriteria(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    true: NonEmptyStr | None = None
-    false: NonEmptyStr | None = None
+    # Any JSON value (rendered as prose); null or "" takes upstream's default text.
+    true: JsonValue = None
+    false: JsonValue = None
+
+    def as_dict(self) -> dict[str, JsonValue]:
+        return {"true": self.true, "false": self.false}
 
 
 class NoulQuestion(_Question):
-    """A yes/no question: options ``yes``, ``no``."""
+    """A yes/no question: options ``no``, ``yes`` (upstream's false, true: the order its heads score)."""
 
     type_id: ClassVar[int] = NOUL_TYPE
     type: Literal["noul"]
@@ -122,38 +123,34 @@ class NoulQuestion(_Question):
     def option_ids(self) -> tuple[str, ...]:
         return NOUL_OPTIONS
 
-    def option_descriptions(self) -> tuple[str | None, ...]:
-        if self.criteria is None:
-            return (None, None)
-        return (self.criteria.true, self.criteria.false)
-
     def label_of(self, answer: Any) -> int:
         if answer is True or answer == "yes":
-            return 0
-        if answer is False or answer == "no":
             return 1
+        if answer is False or answer == "no":
+            return 0
         raise ValueError(f'{describe(answer)} is not an answer to a noul question (expected true/false or "yes"/"no")')
 
 
 class ChoiceQuestion(_Question):
-    """A pick-one question: options are the criteria keys, in request order."""
+    """A pick-one question: options are the criteria keys, in request order.
+
+    A description is any JSON value (rendered as prose, ``clm.texts.to_text``); null or ``""`` means
+    the option's text is its name, as upstream's.
+    """
 
     type_id: ClassVar[int] = CHOICE_TYPE
     type: Literal["choice"]
-    criteria: dict[NonEmptyStr, NonEmptyStr | None]
+    criteria: dict[NonEmptyStr, JsonValue]
 
     @field_validator("criteria")
     @classmethod
-    def _enough_options(cls, criteria: dict[str, str | None]) -> dict[str, str | None]:
+    def _enough_options(cls, criteria: dict[str, JsonValue]) -> dict[str, JsonValue]:
         if len(criteria) < MIN_OPTIONS:
             raise ValueError(f"a choice question needs at least {MIN_OPTIONS} options, got {len(criteria)}")
         return criteria
 
     def option_ids(self) -> tuple[str, ...]:
         return tuple(self.criteria)
-
-    def option_descriptions(self) -> tuple[str | None, ...]:
-        return tuple(self.criteria.values())
 
     def label_of(self, answer: Any) -> int:
         if isinstance(answer, str) and answer in self.criteria:
@@ -187,9 +184,6 @@ class ScoreQuestion(_Question):
 
     def option_ids(self) -> tuple[str, ...]:
         return _level_ids(len(self.criteria))
-
-    def option_descriptions(self) -> tuple[str | None, ...]:
-        return tuple(self.criteria)
 
     def label_of(self, answer: Any) -> int:
         if isinstance(answer, int) and not isinstance(answer, bool):
