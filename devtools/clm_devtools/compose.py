@@ -3,8 +3,10 @@
 
 Why a private daemon: the test must not touch a Docker the machine already runs
 (its containers, images, networks), and CI machines have none. It runs on its own
-socket and folders, with the vfs storage driver (works without overlay mounts) and
-no NAT (`--iptables=false --bridge=none`): Compose's own networks still give
+socket and folders, with the overlay2 storage driver where the kernel lets this
+process mount overlays (image layers shared by every container), else vfs (which
+copies every layer in full, and every container's two layers: several times the
+disk), and no NAT (`--iptables=false --bridge=none`): Compose's own networks still give
 container-name DNS and published ports on 127.0.0.1; builds use the host network.
 Everything it starts is stopped by pid, never by name.
 """
@@ -108,11 +110,49 @@ def build_inputs(folder: Path) -> dict[str, str]:
     return env
 
 
+STORAGE_DRIVERS = ("overlay2", "vfs")
+
+
+def overlay_mounts_work(folder: Path) -> bool:
+    """Whether an overlay file system can be mounted on ``folder``'s file system (what overlay2 needs):
+    a real mount of an empty overlay, unmounted at once. Machines and containers differ (no
+    CAP_SYS_ADMIN, a file system overlay cannot sit on), so it is tried, not assumed."""
+    folder.mkdir(parents=True, exist_ok=True)
+    probe = Path(tempfile.mkdtemp(prefix="overlay-probe-", dir=folder))
+    try:
+        for name in ("lower", "upper", "work", "merged"):
+            (probe / name).mkdir()
+        (probe / "lower" / "seen").write_text("1")
+        options = f"lowerdir={probe / 'lower'},upperdir={probe / 'upper'},workdir={probe / 'work'}"
+        mounted = subprocess.run(["mount", "-t", "overlay", "overlay", "-o", options, str(probe / "merged")],
+                                 capture_output=True, timeout=30).returncode == 0
+        if not mounted:
+            return False
+        try:
+            return (probe / "merged" / "seen").exists()
+        finally:
+            subprocess.run(["umount", str(probe / "merged")], capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    finally:
+        shutil.rmtree(probe, ignore_errors=True)
+
+
+def choose_storage_driver(requested: str, folder: Path) -> str:
+    """``requested`` is ``auto`` (overlay2 where overlay mounts work on ``folder``, else vfs) or a driver."""
+    if requested == "auto":
+        return "overlay2" if overlay_mounts_work(folder) else "vfs"
+    if requested not in STORAGE_DRIVERS:
+        raise ValueError(f"storage driver {requested!r}: expected auto or one of {', '.join(STORAGE_DRIVERS)}")
+    return requested
+
+
 class PrivateDockerd:
     """dockerd on its own socket, data root and exec root; stopped by pid."""
 
-    def __init__(self, dockerd: str, data_root: Path, log_path: Path) -> None:
+    def __init__(self, dockerd: str, data_root: Path, log_path: Path, storage_driver: str = "vfs") -> None:
         self.dockerd, self.data_root, self.log_path = dockerd, data_root, log_path
+        self.storage_driver = storage_driver
         # A short folder: containerd's sockets live under the exec root (108-byte socket paths).
         self.runtime_dir = Path(tempfile.mkdtemp(prefix="clm-dockerd-", dir="/tmp"))
         self.socket = self.runtime_dir / "docker.sock"
@@ -125,13 +165,13 @@ class PrivateDockerd:
             if pid and Path(f"/proc/{pid}").exists():
                 raise RuntimeError(f"another test-compose daemon (pid {pid}) uses {self.data_root}; stop it first")
         self.data_root.mkdir(parents=True, exist_ok=True)
-        # No build-cache garbage collection during the run: with vfs every layer is a full
-        # copy, and a collection between two builds would rebuild the shared CLM layers.
+        # No build-cache garbage collection during the run: a collection between two builds
+        # would rebuild the shared CLM layers (with vfs, each a full copy).
         config = self.runtime_dir / "daemon.json"
         config.write_text(json.dumps({"builder": {"gc": {"enabled": False}}}))
         cmd = [self.dockerd, "--config-file", str(config), "-H", f"unix://{self.socket}", "--data-root", str(self.data_root),
                "--exec-root", str(self.runtime_dir / "exec"), "--pidfile", str(self.runtime_dir / "dockerd.pid"),
-               "--storage-driver=vfs", "--iptables=false", "--ip6tables=false", "--bridge=none"]
+               f"--storage-driver={self.storage_driver}", "--iptables=false", "--ip6tables=false", "--bridge=none"]
         self.process = subprocess.Popen(cmd, stdout=self.log_path.open("ab"), stderr=subprocess.STDOUT,
                                         start_new_session=True)
         self.owner_file.write_text(f"{self.process.pid}\n")

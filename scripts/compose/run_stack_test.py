@@ -20,7 +20,9 @@ Only published ports and the containers' own commands are used. The last stdout
 line is one JSON object (build_seconds, up_seconds, job_seconds, heads_version_served,
 texts_embedded_rerun, ...). Whatever happens, the containers and the daemon this run
 started are stopped (finally + SIGTERM/SIGINT handlers). Environment:
-CLM_COMPOSE_WORK (default var/compose: tools, base root fs, the daemon's data root).
+CLM_COMPOSE_WORK (default var/compose: tools, base root fs, the daemon's data root),
+CLM_COMPOSE_STORAGE_DRIVER (auto: overlay2 where an overlay mounts there, else vfs; or either by name),
+CLM_COMPOSE_MIN_FREE_GB (the free disk the run refuses to start below; default per driver, measured).
 """
 
 from __future__ import annotations
@@ -33,13 +35,15 @@ import shutil
 import signal
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 
 import httpx
 
 from clm_devtools.compose import (
-    LOCAL_PYTHON_IMAGE, LOCAL_REDIS_IMAGE, REPO_ROOT, ComposeStack, PrivateDockerd, build_inputs, log, prepare,
+    LOCAL_PYTHON_IMAGE, LOCAL_REDIS_IMAGE, REPO_ROOT, ComposeStack, PrivateDockerd, build_inputs,
+    choose_storage_driver, log, prepare,
 )
 from clm_devtools.procs import http_ok, wait_until
 
@@ -47,8 +51,30 @@ DATA = "/srv/clm/data/examples/data/soc_triage"  # the bundled records, inside t
 HEADS_NAME = "soc-triage"  # docker-compose.yml's CLM_SERVE_HEADS_NAME default
 CLM_SERVICES = ("embedder", "trainer-api", "trainer-worker", "clm-serve", "vllm")
 JOB_TIMEOUT_S = 900
-MIN_FREE_GB = int(os.environ.get("CLM_COMPOSE_MIN_FREE_GB", "45"))
-CONTAINERS_GB = 30  # vfs: two full copies of its image per container, 7 containers at the peak
+STORAGE_DRIVER = os.environ.get("CLM_COMPOSE_STORAGE_DRIVER", "auto")  # auto | overlay2 | vfs
+# What the run needs on disk, measured (README, "make test-compose"): overlay2 shares image layers
+# between the build and every container; vfs copies every layer in full, and each container's two
+# layers too (the scale-2 stack holds 7 containers), so the build cache must go before `up`.
+NEEDED_GB = {"overlay2": 20, "vfs": 38}
+CONTAINERS_GB = {"overlay2": 2, "vfs": 30}
+
+
+class DiskWatch(threading.Thread):
+    """The least free disk under ``folder`` over the run, sampled every second: what the run really
+    needs is the free space at its start minus this (the defaults of NEEDED_GB come from it)."""
+
+    def __init__(self, folder: Path) -> None:
+        super().__init__(daemon=True)
+        self.folder, self.stopped = folder, threading.Event()
+        self.at_start = self.least = shutil.disk_usage(folder).free
+
+    def run(self) -> None:
+        while not self.stopped.wait(1.0):
+            self.least = min(self.least, shutil.disk_usage(self.folder).free)
+
+    def figures(self) -> dict[str, float]:
+        return {"disk_free_min_gib": round(self.least / 2**30, 1),
+                "disk_used_peak_gib": round((self.at_start - self.least) / 2**30, 1)}
 
 
 def free_port() -> int:
@@ -74,7 +100,7 @@ class StackTest:
             "mode": mode,
             "data": {split: f"{DATA}/{split}.jsonl" for split in ("train", "validation", "test")},
             "encoder": {"backend": "embedder", "batch_size": 128, "concurrency": 2},
-            "heads": {"config": {"proj_dim": 64, "kind": "linear"}, "seed": 0},
+            "heads": {"config": {"width": 128, "projection_dim": 64}, "seed": 0},
             "loss": {"mode": loss},
             "train": {"epochs": 2, "batch_size": 32, "lr": 3e-3, "seed": 0},
             "output": {"name": HEADS_NAME, "publish": True},
@@ -179,11 +205,6 @@ class StackTest:
         wait_until(lambda: http_ok(f"{self.trainer}/jobs", timeout=5), timeout_s, interval=1,
                    what="the trainer API to list jobs")
 
-    def note_disk(self) -> None:
-        """The least free disk seen at the checkpoints (vfs: the scale-2 stack is the peak)."""
-        free = round(shutil.disk_usage(REPO_ROOT).free / 2**30, 1)
-        self.figures["disk_free_min_gib"] = min(free, self.figures.get("disk_free_min_gib", free))
-
     # ---- the story ---------------------------------------------------------------------------
 
     def run(self) -> None:
@@ -191,7 +212,6 @@ class StackTest:
         self.stack.compose("up", "-d", "--wait", "--wait-timeout", "900", timeout=1000)
         self.figures["up_seconds"] = round(time.monotonic() - started, 1)
         log(f"stack healthy in {self.figures['up_seconds']} s")
-        self.note_disk()
 
         init = None
         if self.served_version() is None:
@@ -207,7 +227,6 @@ class StackTest:
         self.ask_systemone(version)
 
         self.stack.compose("up", "-d", "--wait", "--wait-timeout", "600", "--scale", "trainer-worker=2", timeout=700)
-        self.note_disk()
         self.run_job("eval", self.job_config("sft", sft["result"]["checkpoint"]["path"], mode="eval"))
         self.check_users_and_ports()
         self.check_worker_metrics()
@@ -232,6 +251,8 @@ def main() -> int:
     work = Path(os.environ.get("CLM_COMPOSE_WORK", REPO_ROOT / "var/compose")).resolve()
     work.mkdir(parents=True, exist_ok=True)
     figures: dict[str, object] = {}
+    disk = DiskWatch(work)
+    disk.start()
     total_started = time.monotonic()
     daemon = stack = None
 
@@ -245,7 +266,11 @@ def main() -> int:
         tools = prepare(work)
         figures["prepare_seconds"] = round(time.monotonic() - started, 1)
         os.environ["DOCKER_CONFIG"] = tools["DOCKER_CONFIG"]  # where the Compose plugin is
-        daemon = PrivateDockerd(tools["DOCKERD"], work / "docker-root", work / "dockerd.log").start()
+        driver = choose_storage_driver(STORAGE_DRIVER, work)
+        figures["storage_driver"] = driver
+        log(f"storage driver {driver} (CLM_COMPOSE_STORAGE_DRIVER={STORAGE_DRIVER})")
+        daemon = PrivateDockerd(tools["DOCKERD"], work / f"docker-root-{driver}", work / "dockerd.log",
+                                storage_driver=driver).start()
         token = secrets.token_hex(16)
         trainer_port, serve_port = free_port(), free_port()
         variables = {"CLM_TRAINER_PUBLISH_PORT": str(trainer_port), "CLM_SERVE_PUBLISH_PORT": str(serve_port),
@@ -259,17 +284,18 @@ def main() -> int:
         stack.compose("down", "--volumes", "--remove-orphans", timeout=300)  # a clean start, also after a crash
 
         free_gb = shutil.disk_usage(work).free / 2**30
-        if free_gb < MIN_FREE_GB:
-            raise RuntimeError(f"{free_gb:.0f} GiB free under {work}; the vfs images and containers need about "
-                               f"{MIN_FREE_GB} GiB (set CLM_COMPOSE_MIN_FREE_GB to override)")
+        needed_gb = float(os.environ.get("CLM_COMPOSE_MIN_FREE_GB", NEEDED_GB[driver]))
+        if free_gb < needed_gb:
+            raise RuntimeError(f"{free_gb:.0f} GiB free under {work}; the {driver} images and containers need about "
+                               f"{needed_gb:.0f} GiB (set CLM_COMPOSE_MIN_FREE_GB to override)")
         started = time.monotonic()
         log("building the images (docker compose build)")
         stack.compose("--progress", "plain", "build", timeout=3600, capture=False)
         figures["build_seconds"] = round(time.monotonic() - started, 1)
-        # vfs stores every layer, and every container's two layers, as full copies: the build
-        # stages (about 11 GB) are dropped when the containers (about 26 GB at the scale-2 peak)
-        # would not fit beside them. Pruning is slow (minutes of file deletion), so only then.
-        if shutil.disk_usage(work).free / 2**30 < CONTAINERS_GB + 5:
+        # With vfs the build stages (about 11 GB) are dropped when the containers (full copies
+        # of their images) would not fit beside them. Pruning is slow (minutes of file
+        # deletion), so only then.
+        if shutil.disk_usage(work).free / 2**30 < CONTAINERS_GB[driver] + 5:
             log("pruning the build cache to make room for the containers")
             stack.docker("builder", "prune", "--all", "--force", timeout=1200)
         stack.docker("image", "prune", "--force")
@@ -290,6 +316,8 @@ def main() -> int:
             stack.compose("down", "--volumes", "--remove-orphans", check=False, timeout=300)
         if daemon is not None:
             daemon.stop()
+    disk.stopped.set()
+    figures |= disk.figures()
     figures["total_seconds"] = round(time.monotonic() - total_started, 1)
     figures["ok"] = ok
     print(json.dumps(figures))
