@@ -55,7 +55,7 @@ STORAGE_DRIVER = os.environ.get("CLM_COMPOSE_STORAGE_DRIVER", "auto")  # auto | 
 # What the run needs on disk, measured (README, "make test-compose"): overlay2 shares image layers
 # between the build and every container; vfs copies every layer in full, and each container's two
 # layers too (the scale-2 stack holds 7 containers), so the build cache must go before `up`.
-NEEDED_GB = {"overlay2": 20, "vfs": 38}
+NEEDED_GB = {"overlay2": 15, "vfs": 38}
 CONTAINERS_GB = {"overlay2": 2, "vfs": 30}
 
 

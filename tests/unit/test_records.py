@@ -18,6 +18,8 @@ from clm.records import (
     load_records,
     parse_record,
 )
+from clm.records.model import MAX_STATE_DEPTH
+from clm.texts import render_state
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 REFERENCE = DATA / "systemone-records.jsonl"
@@ -267,6 +269,24 @@ def test_non_finite_state_built_in_python_is_refused():
     with pytest.raises(RecordError) as caught:
         parse_record(record(state={"score": float("nan")}))
     assert caught.value.field == "state.score" and caught.value.source == "<record>"
+
+
+def test_a_state_nested_past_the_limit_is_refused_and_one_at_the_limit_renders():
+    """As deep as pydantic lets instructions and criteria go, and no deeper: the renderer recurses."""
+    def nested(levels: int) -> list:
+        value: list = []
+        for _ in range(levels - 1):
+            value = [value]
+        return value
+
+    at_limit = parse_record(record(state={"x": nested(MAX_STATE_DEPTH - 1)}))
+    assert render_state(at_limit.state).startswith("x:\n  -\n    -")
+    with pytest.raises(RecordError) as caught:
+        parse_record(record(state={"x": nested(MAX_STATE_DEPTH)}))
+    assert caught.value.field == "state.x" + "[0]" * (MAX_STATE_DEPTH - 1)
+    assert f"nested more than {MAX_STATE_DEPTH} levels deep" in str(caught.value)
+    with pytest.raises(RecordError):  # far past it: refused by the walk, never a RecursionError
+        parse_record(record(state=nested(50_000)))
 
 
 @pytest.mark.parametrize("state", ["", "   "])

@@ -54,6 +54,10 @@ class _Refused(Exception):
         self.status, self.detail = status, detail
 
 
+class _Skipped(Exception):
+    """A batch not sent because another batch of the same call had already failed."""
+
+
 def _is_transient(exc: BaseException) -> bool:
     if isinstance(exc, httpx.HTTPStatusError):
         return exc.response.status_code >= 500
@@ -135,15 +139,19 @@ class VLLMEncoder:
             budget=self.max_batch_chars, max_items=self.max_batch_texts, padded=False,
         )
         vectors = np.empty((len(texts), self.dim), dtype=np.float32)
-        try:
-            # A TaskGroup cancels the sibling batches as soon as one fails for good.
-            async with asyncio.TaskGroup() as group:
-                tasks = [group.create_task(self._encode_batch(texts, batch, max_tokens)) for batch in batches]
-        except BaseExceptionGroup as failures:
-            raise failures.exceptions[0] from None
+        # Once a batch fails for good, the batches not yet sent are skipped; the ones in flight are let
+        # finish, never cancelled: a request cancelled inside httpx's connection pool can leave its
+        # connection slot taken, and after a few outages every slot of the pool was gone, so the next
+        # request waited for a connection forever (a trainer job stuck in its embedding phase after the
+        # embedder came back: tests/faults/test_faults_stack.py).
+        failed = asyncio.Event()
+        outcomes = await asyncio.gather(*(self._encode_batch(texts, batch, max_tokens, failed) for batch in batches),
+                                        return_exceptions=True)
+        errors = [o for o in outcomes if isinstance(o, BaseException) and not isinstance(o, _Skipped)]
+        if errors:
+            raise errors[0]
         prompt_tokens = 0
-        for batch, task in zip(batches, tasks):
-            batch_vectors, batch_tokens = task.result()
+        for batch, (batch_vectors, batch_tokens) in zip(batches, outcomes):
             vectors[batch] = batch_vectors
             prompt_tokens += batch_tokens
         return EncodeResult(vectors=vectors, prompt_tokens=prompt_tokens)
@@ -160,13 +168,19 @@ class VLLMEncoder:
 
     # ---- one batch ------------------------------------------------------------------------
 
-    async def _encode_batch(self, texts: list[str], batch: list[int],
-                            max_tokens: int | None) -> tuple[np.ndarray, int]:
+    async def _encode_batch(self, texts: list[str], batch: list[int], max_tokens: int | None,
+                            failed: asyncio.Event) -> tuple[np.ndarray, int]:
         async with self._slots:
+            if failed.is_set():  # a sibling batch failed for good: the call fails, this one need not run
+                raise _Skipped()
             try:
                 return await self._post_with_retries([texts[i] for i in batch], max_tokens)
             except _Refused as refused:
+                failed.set()
                 raise await self._locate_refused_input(texts, batch, refused, max_tokens) from None
+            except BaseException:
+                failed.set()
+                raise
 
     async def _post_with_retries(self, inputs: list[str], max_tokens: int | None = None) -> tuple[np.ndarray, int]:
         try:

@@ -38,18 +38,30 @@ class QuestionTarget:
     rewards: tuple[float, ...] | None
 
 
-def _check_finite_tree(value: Any, path: str) -> None:
-    """Refuse NaN/inf anywhere in a state built in Python (JSON input is already checked by the parser)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        raise FieldProblem(path, f"non-finite number {value!r} in the state")
-    if isinstance(value, dict):
-        for key, child in value.items():
-            if not isinstance(key, str):
-                raise FieldProblem(path, f"state object keys must be strings, got {describe(key)}")
-            _check_finite_tree(child, join_path(path, key))
-    elif isinstance(value, list):
-        for index, child in enumerate(value):
-            _check_finite_tree(child, join_path(path, index))
+MAX_STATE_DEPTH = 255
+"""Deepest nesting of a state's objects and arrays: pydantic's own limit for the other JSON fields
+(instructions, criteria), so no field renders deeper than the text renderer's recursion can go."""
+
+
+def _check_state_tree(state: dict | list | float) -> None:
+    """Refuse NaN/inf, non-string keys and nesting past ``MAX_STATE_DEPTH`` anywhere in a state
+    (walked without recursion, so no depth of input can raise ``RecursionError`` here)."""
+    pending: list[tuple[Any, str, int]] = [(state, "state", 0)]
+    while pending:
+        value, path, depth = pending.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            raise FieldProblem(path, f"non-finite number {value!r} in the state")
+        if not isinstance(value, (dict, list)):
+            continue
+        if depth >= MAX_STATE_DEPTH:
+            raise FieldProblem(path, f"the state is nested more than {MAX_STATE_DEPTH} levels deep")
+        if isinstance(value, dict):
+            for key, child in value.items():
+                if not isinstance(key, str):
+                    raise FieldProblem(path, f"state object keys must be strings, got {describe(key)}")
+                pending.append((child, join_path(path, key), depth + 1))
+        else:
+            pending.extend((child, join_path(path, index), depth + 1) for index, child in enumerate(value))
 
 
 def checked_state(state: Any) -> Any:
@@ -59,13 +71,13 @@ def checked_state(state: Any) -> Any:
     included: a request may carry all its meaning in the questions), an
     object, an array, a number, a boolean or null, each rendered as prose by
     ``clm.texts.render_state``. Objects need string keys and numbers must be
-    finite, because only then is the value JSON. Raises ``FieldProblem``
-    naming the path at fault.
+    finite, because only then is the value JSON, and nesting stops at
+    ``MAX_STATE_DEPTH`` levels. Raises ``FieldProblem`` naming the path at fault.
     """
     if isinstance(state, str) or state is None or isinstance(state, (bool, int)):
         return state
     if isinstance(state, (dict, list, float)):
-        _check_finite_tree(state, "state")
+        _check_state_tree(state)
         return state
     raise FieldProblem("state", f"state must be a JSON value, got {describe(state)}")
 
