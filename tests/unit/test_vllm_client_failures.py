@@ -29,7 +29,8 @@ FINGERPRINT = EncoderFingerprint("m", "w", "last", True, "float32", 256, "t")
 
 
 class HeldServer:
-    """Drops (RST) every request whose first input starts with ``bad``; holds the others until released."""
+    """Drops (RST) every request whose first input starts with ``bad``, answers 503 to ``busy``; holds the
+    others until released."""
 
     def __init__(self) -> None:
         self.release = threading.Event()
@@ -48,6 +49,11 @@ class HeldServer:
                 with server.lock:
                     server.received += 1
                     server.lock.notify_all()
+                if body["input"][0].startswith("busy"):  # a transient refusal, retried by the client
+                    self.send_response(503)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 if body["input"][0].startswith("bad"):
                     self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                     self.close_connection = True
@@ -119,5 +125,26 @@ def test_the_connection_pool_survives_many_failed_calls(server):
         result = await asyncio.wait_for(client.encode([f"good {i}" for i in range(48)]), 30)
         assert result.vectors.shape == (48, DIM)
         await client.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_once_a_sibling_failed_for_good_a_batch_makes_no_further_attempt(server):
+    """In flight, it finishes its attempt, then stops retrying: the call's failure is not delayed by
+    retries whose answer nobody will use."""
+    async def attempts_made(give_up: asyncio.Event | None) -> int:
+        client = VLLMEncoder(server.url, fingerprint=FINGERPRINT, dim=DIM, retry_attempts=4, retry_initial_s=0.01,
+                             openai_strict=True)
+        before = server.received
+        with pytest.raises(EncoderError, match="503"):
+            await client._post_with_retries(["busy"], give_up=give_up)
+        await client.aclose()
+        return server.received - before
+
+    async def scenario() -> None:
+        assert await attempts_made(None) == 4
+        given_up = asyncio.Event()
+        given_up.set()
+        assert await attempts_made(given_up) == 1
 
     asyncio.run(scenario())

@@ -33,7 +33,7 @@ from typing import Any
 
 import httpx
 import numpy as np
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_when_event_set, wait_exponential
 
 from clm.encoders.base import (
     ENCODER_DIGEST_HEADER,
@@ -56,6 +56,21 @@ class _Refused(Exception):
 
 class _Skipped(Exception):
     """A batch not sent because another batch of the same call had already failed."""
+
+
+class _FirstFailure:
+    """The first batch of a call to fail for good: its error is the call's; ``event`` stops the others."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+        self.error: BaseException | None = None
+
+    def claim(self) -> bool:
+        """True for the first batch to fail (it then sets ``error``); False for any later one."""
+        if self.event.is_set():
+            return False
+        self.event.set()
+        return True
 
 
 def _is_transient(exc: BaseException) -> bool:
@@ -139,15 +154,17 @@ class VLLMEncoder:
             budget=self.max_batch_chars, max_items=self.max_batch_texts, padded=False,
         )
         vectors = np.empty((len(texts), self.dim), dtype=np.float32)
-        # Once a batch fails for good, the batches not yet sent are skipped; the ones in flight are let
-        # finish, never cancelled: a request cancelled inside httpx's connection pool can leave its
-        # connection slot taken, and after a few outages every slot of the pool was gone, so the next
-        # request waited for a connection forever (a trainer job stuck in its embedding phase after the
-        # embedder came back: tests/faults/test_faults_stack.py).
-        failed = asyncio.Event()
-        outcomes = await asyncio.gather(*(self._encode_batch(texts, batch, max_tokens, failed) for batch in batches),
+        # Once a batch fails for good, the batches not yet sent are skipped and the ones in flight
+        # finish their current attempt without retrying, never cancelled: a request cancelled inside
+        # httpx's pool can leave its connection slot taken, and after a few outages every slot was
+        # gone, so the next request waited for a connection forever (a trainer job stuck in its
+        # embedding phase after the embedder came back: tests/faults/test_faults_stack.py).
+        failure = _FirstFailure()
+        outcomes = await asyncio.gather(*(self._encode_batch(texts, batch, max_tokens, failure) for batch in batches),
                                         return_exceptions=True)
-        errors = [o for o in outcomes if isinstance(o, BaseException) and not isinstance(o, _Skipped)]
+        if failure.error is not None:
+            raise failure.error  # the batch that failed first, after all its attempts
+        errors = [o for o in outcomes if isinstance(o, BaseException)]
         if errors:
             raise errors[0]
         prompt_tokens = 0
@@ -169,32 +186,39 @@ class VLLMEncoder:
     # ---- one batch ------------------------------------------------------------------------
 
     async def _encode_batch(self, texts: list[str], batch: list[int], max_tokens: int | None,
-                            failed: asyncio.Event) -> tuple[np.ndarray, int]:
+                            failure: "_FirstFailure") -> tuple[np.ndarray, int]:
         async with self._slots:
-            if failed.is_set():  # a sibling batch failed for good: the call fails, this one need not run
+            if failure.event.is_set():  # a sibling batch failed for good: the call fails, this one need not run
                 raise _Skipped()
             try:
-                return await self._post_with_retries([texts[i] for i in batch], max_tokens)
+                return await self._post_with_retries([texts[i] for i in batch], max_tokens, give_up=failure.event)
             except _Refused as refused:
-                failed.set()
-                raise await self._locate_refused_input(texts, batch, refused, max_tokens) from None
-            except BaseException:
-                failed.set()
+                first = failure.claim()
+                error: BaseException = await self._locate_refused_input(texts, batch, refused, max_tokens)
+                if first:
+                    failure.error = error
+                raise error from None
+            except BaseException as error:
+                if failure.claim():
+                    failure.error = error
                 raise
 
-    async def _post_with_retries(self, inputs: list[str], max_tokens: int | None = None) -> tuple[np.ndarray, int]:
+    async def _post_with_retries(self, inputs: list[str], max_tokens: int | None = None,
+                                 give_up: asyncio.Event | None = None) -> tuple[np.ndarray, int]:
+        """``give_up``: once set (a sibling batch of the same call failed for good), no further attempt."""
+        stop = stop_after_attempt(self.retry_attempts)
+        if give_up is not None:
+            stop = stop | stop_when_event_set(give_up)
+        attempts = 0
         try:
-            async for attempt in AsyncRetrying(
-                stop=stop_after_attempt(self.retry_attempts),
-                wait=self._wait,
-                retry=retry_if_exception(_is_transient),
-                reraise=True,
-            ):
+            async for attempt in AsyncRetrying(stop=stop, wait=self._wait, retry=retry_if_exception(_is_transient),
+                                               reraise=True):
                 with attempt:
+                    attempts += 1
                     return await self._post_once(inputs, max_tokens)
         except (httpx.HTTPStatusError, httpx.TransportError) as exc:
             raise EncoderError(
-                f"vLLM at {self.base_url} failed {self.retry_attempts} attempts to embed "
+                f"vLLM at {self.base_url} failed {attempts} attempts to embed "
                 f"{len(inputs)} inputs; last error: {type(exc).__name__}: {exc}"
             ) from exc
         raise AssertionError("unreachable: tenacity either returns or reraises")
