@@ -8,10 +8,14 @@ texts of 20-60 words with the same client batches:
 * direct:  the client posts the batches to vLLM's /v1/embeddings;
 * cold:    the same batches through the embedder, empty cache;
 * warm:    again (Redis hits);
+* raw:     a plain Redis MGET of the same entries (the keys the embedder wrote), same batches and
+           concurrency, the bytes only (the floor of any cache over Redis);
 * disk:    again after FLUSHDB (LMDB hits).
 
 Prints one JSON line last: service_vs_direct_vllm (target >= 0.9),
-warm_vs_cold (target >= 20), redis_hit_vectors_per_s, disk_hit_vectors_per_s.
+warm_vs_cold (target >= 20), warm_vs_raw_redis (target >= 0.2 with 256-text requests: the embedder's
+warm vectors/s over the raw MGET's), redis_hit_vectors_per_s, raw_redis_mget_vectors_per_s,
+disk_hit_vectors_per_s.
 """
 
 from __future__ import annotations
@@ -27,6 +31,10 @@ from pathlib import Path
 import httpx
 import numpy as np
 import redis
+import redis.asyncio as aioredis
+
+from clm.cache.codec import cache_key
+from clm.cache.redis_tier import redis_key
 
 from clm.encoders.tiny_qwen3 import TinyQwen3Spec, build_tiny_qwen3
 from clm_devtools.devstack import start_embedder
@@ -60,6 +68,26 @@ async def run_batches(url: str, batches: list[list[str]], concurrency: int, mode
         started = time.perf_counter()
         await asyncio.gather(*(post(b) for b in batches))
         return time.perf_counter() - started
+
+
+async def raw_mget(redis_url: str, digest: str, batches: list[list[str]], concurrency: int) -> float:
+    """Seconds to MGET every batch's entries straight from Redis (the bytes only), ``concurrency`` in flight:
+    what any cache over this Redis pays at least."""
+    client = aioredis.Redis.from_url(redis_url)
+    semaphore = asyncio.Semaphore(concurrency)
+    key_batches = [[redis_key(cache_key(digest, text)) for text in batch] for batch in batches]
+
+    async def fetch(keys):
+        async with semaphore:
+            values = await client.mget(keys)
+            assert all(value is not None for value in values), "the warm run left entries out of Redis"
+
+    try:
+        started = time.perf_counter()
+        await asyncio.gather(*(fetch(keys) for keys in key_batches))
+        return time.perf_counter() - started
+    finally:
+        await client.aclose()
 
 
 def main() -> int:
@@ -97,6 +125,9 @@ def main() -> int:
         cold_s = asyncio.run(run_batches(embedder.url, batches, args.concurrency, None))
         print("warm...", file=sys.stderr)
         warm_s = asyncio.run(run_batches(embedder.url, batches, args.concurrency, None))
+        identity = httpx.get(f"{embedder.url}/v1/encoder").json()
+        print("raw redis...", file=sys.stderr)
+        raw_s = asyncio.run(raw_mget(redis_url, identity["digest"], batches, args.concurrency))
         redis.Redis.from_url(redis_url).flushdb()
         print("disk...", file=sys.stderr)
         disk_s = asyncio.run(run_batches(embedder.url, batches, args.concurrency, None))
@@ -113,7 +144,9 @@ def main() -> int:
         "warm_texts_per_s": round(n / warm_s, 1),
         "service_vs_direct_vllm": round(direct_s / cold_s, 3),
         "warm_vs_cold": round(cold_s / warm_s, 1),
+        "warm_vs_raw_redis": round(raw_s / warm_s, 3),
         "redis_hit_vectors_per_s": round(n / warm_s, 1),
+        "raw_redis_mget_vectors_per_s": round(n / raw_s, 1),
         "disk_hit_vectors_per_s": round(n / disk_s, 1),
         "backend_texts_encoded": stats["backend_texts_encoded"],
     }

@@ -59,6 +59,10 @@ def vectors_of(response: httpx.Response) -> np.ndarray:
     return np.array([d["embedding"] for d in body["data"]], dtype=np.float32)
 
 
+def vectors_usage(url: str, text: str) -> int:
+    return embed(url, [text]).json()["usage"]["prompt_tokens"]
+
+
 def stats(url: str) -> dict:
     return httpx.get(f"{url}/v1/cache/stats", timeout=10).json()
 
@@ -78,9 +82,17 @@ def test_order_is_input_order_with_partial_hits_and_duplicates(embedder_factory,
     assert not np.allclose(got[0], alpha)
     assert mixed.headers["x-cache-redis-hits"] == "2" and mixed.headers["x-cache-misses"] == "1"
     assert stats(service.url)["backend_texts_encoded"] == 3
-    # usage counts tokens actually encoded: a fully cached request encodes nothing.
-    assert embed(service.url, ["alpha alert"]).json()["usage"]["prompt_tokens"] == 0
-    assert first.json()["usage"]["prompt_tokens"] > 0
+    # usage counts every input's tokens, cached or not, as vLLM counts them (the count is cached beside the
+    # vector); what the cache saved shows in the X-Cache-* headers.
+    alone = embed(service.url, ["alpha alert"])
+    assert alone.headers["x-cache-redis-hits"] == "1"
+    again = embed(service.url, ["alpha alert", "beta alert"])
+    assert again.headers["x-cache-misses"] == "0"
+    assert again.json()["usage"]["prompt_tokens"] == first.json()["usage"]["prompt_tokens"] > 0
+    assert 0 < alone.json()["usage"]["prompt_tokens"] < first.json()["usage"]["prompt_tokens"]
+    assert mixed.json()["usage"]["prompt_tokens"] == (2 * vectors_usage(service.url, "gamma alert")
+                                                      + 2 * vectors_usage(service.url, "beta alert")
+                                                      + alone.json()["usage"]["prompt_tokens"])
 
 
 def test_base64_float16_round_trip_equals_float(embedder_factory):
@@ -151,13 +163,16 @@ def test_redis_down_degrades_to_disk_and_loses_nothing(embedder_factory, fresh_r
 
 
 @pytest.mark.parametrize("payload, status, needle", [
-    ({"input": []}, 422, "at least one"),
-    ({"input": [1, 2]}, 422, "valid string"),
-    ({"input": "x", "encoding_format": "bytes"}, 422, "encoding_format"),
-    ({"input": "x", "embed_dtype": "bfloat16"}, 422, "embed_dtype"),
-    ({"input": "x", "dimensions": 7}, 400, "dimensions"),
-    ({"input": "x", "encoding_fromat": "base64"}, 422, "encoding_fromat"),
-    ({"input": "x", "model": "someone-else"}, 404, "not served"),
+    ({"input": []}, 400, "You must pass at least one prompt"),
+    ({"input": [[]]}, 400, "The decoder prompt cannot be empty"),
+    ({"input": [1, -2]}, 400, "Token id -2 is out of vocabulary"),
+    ({"input": [1, 10**6]}, 400, "Token id 1000000 is out of vocabulary"),
+    ({"input": "x", "encoding_format": "xyz"}, 400, "literal_error"),
+    ({"input": "x", "embed_dtype": "float64"}, 400, "'float64'"),
+    ({"input": "x", "dimensions": 7}, 400, "does not support Matryoshka embeddings"),
+    ({"input": "x", "normalize": True}, 400, "`normalize` was removed"),
+    ({"input": "x", "cache_salt": ""}, 400, "cache_salt"),
+    ({"input": "x", "model": "someone-else"}, 404, "The model `someone-else` does not exist."),
     ({"input": ["x"] * 9}, 413, "limit of 8"),
     ({"input": "y" * 201}, 413, "201 characters"),
 ])
@@ -210,13 +225,61 @@ def test_metrics_and_health_endpoints(embedder_factory, redis_url):
     # Refusals before the route's own work (model check, validation) are counted too (issue 12).
     assert embed(service.url, ["x"], model="another-model").status_code == 404
     assert embed(service.url, ["x"], dimensions=7).status_code == 400
-    assert httpx.post(f"{service.url}/v1/embeddings", json={"inputs": ["x"]}).status_code == 422
+    assert httpx.post(f"{service.url}/v1/embeddings", json={"inputs": ["x"]}).status_code == 400
     text = httpx.get(f"{service.url}/metrics").text
-    for status in ("200", "404", "400", "422"):
-        assert f'embedder_requests_total{{status="{status}"}} 1.0' in text, (status, text)
+    for status, count in (("200", 1), ("404", 1), ("400", 2)):
+        assert f'embedder_requests_total{{status="{status}"}} {count}.0' in text, (status, text)
     for name in ("embedder_requests_total", "embedder_backend_seconds_bucket", "embedder_inputs_per_request",
                  "embedder_in_flight_requests", "clm_cache_"):
         assert name in text, name
     identity = httpx.get(f"{service.url}/v1/encoder").json()
     assert identity["dim"] == 128 and identity["fingerprint"]["pooling"] == "last"
     assert len(identity["digest"]) == 64
+
+
+def test_an_api_key_guards_every_route_that_encodes_and_its_clients_send_it(embedder_factory):
+    """vLLM's --api-key semantics (bearer, 401 {"error":"Unauthorized"}, several keys), on every route that
+    encodes or describes the model; the probes stay open. The embedder clients (EncoderSpec's `embedder`
+    backend: the trainer's jobs and clm-serve) send the key."""
+    service = embedder_factory(api_key="first-key,second-key")
+    body = {"input": ["guarded text"]}
+    guarded = [("POST", "/v1/embeddings", body), ("POST", "/pooling", body), ("POST", "/invocations", body),
+               ("POST", "/tokenize", {"prompt": "x"}), ("POST", "/detokenize", {"tokens": [1]}),
+               ("GET", "/v1/models", None), ("GET", "/v1/encoder", None), ("GET", "/v1/cache/stats", None)]
+    for method, path, payload in guarded:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic first-key"}):
+            response = httpx.request(method, f"{service.url}{path}", json=payload, headers=headers, timeout=30)
+            assert (response.status_code, response.json()) == (401, {"error": "Unauthorized"}), (path, headers)
+        for key in ("first-key", "second-key"):
+            response = httpx.request(method, f"{service.url}{path}", json=payload,
+                                     headers={"Authorization": f"bearer {key}"}, timeout=60)
+            assert response.status_code == 200, (path, response.text)
+    for path in ("/health", "/ping", "/version", "/metrics"):
+        assert httpx.get(f"{service.url}{path}", timeout=30).status_code == 200, path
+
+    from clm.encoders.spec import EncoderSpec
+
+    async def through_the_client():
+        encoder = EncoderSpec(backend="embedder", url=service.url, api_key="second-key").build()
+        try:
+            return await encoder.encode(["guarded text", "a new one"])
+        finally:
+            await encoder.aclose()
+
+    result = asyncio.run(through_the_client())
+    assert result.vectors.shape[0] == 2
+    with pytest.raises(Exception, match="401"):
+        EncoderSpec(backend="embedder", url=service.url).build()  # no key: the identity itself is refused
+    log = service.process.log_path.read_text()
+    assert "/v1/embeddings" in log or "embedder" in log  # the log is the service's
+    assert "first-key" not in log and "second-key" not in log  # keys and tokens are never logged
+
+
+def test_the_vllm_backend_sends_its_key_to_a_vllm_started_with_one(embedder_factory):
+    """CLM_EMBEDDER_VLLM_API_KEY: a bearer token on every request to vLLM (its --api-key), the width probe
+    included; the embedder's own key is another setting."""
+    with HeldVLLM(dim=128) as held:  # the tiny Qwen3's width
+        held.release.set()
+        service = embedder_factory(backend="vllm", vllm_url=held.url, vllm_api_key="vllm-secret")
+        assert embed(service.url, ["a text for a keyed vLLM"]).status_code == 200
+    assert held.authorizations and set(held.authorizations) == {"Bearer vllm-secret"}

@@ -19,7 +19,7 @@ from clm_devtools.devstack import start_embedder
 from support.faults import exact_embedder
 
 MAX_TOKENS = 512  # = the session vllm_server's --max-model-len, so both refuse the same values
-LONG = "word " * 300 + "and a tail that truncation drops"  # > 300 tokens
+LONG = "word " * 220 + "and a tail that truncation drops"  # > 300 tokens, < 512 (longer is refused without truncation)
 TOO_LARGE_BODY = {"error": {"message": "truncate_prompt_tokens value is greater than max_model_len. Please request "
                                        "a smaller truncation size.", "type": "BadRequestError", "param": None,
                             "code": 400}}
@@ -71,7 +71,7 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
-def test_a_truncated_text_is_cached_apart_and_a_short_one_shares_its_entry(embedder, tiny_qwen3_dir):
+def test_a_truncated_text_is_cached_apart_and_a_short_one_shares_its_entry(embedder, tiny_qwen3_dir, tokenizer):
     short, long = "a short alert text", "first " + LONG
     plain = embed(embedder.url, [short, long])
     assert counts(plain) == (0, 2)
@@ -80,7 +80,8 @@ def test_a_truncated_text_is_cached_apart_and_a_short_one_shares_its_entry(embed
     cut = embed(embedder.url, [short, long], truncate_prompt_tokens=50)
     assert counts(cut) == (1, 1)  # the short text is the untruncated entry; the long one is new
     assert encoded(embedder.url) == before + 1
-    assert cut.json()["usage"]["prompt_tokens"] == 50  # only the long text was encoded, cut to 50 tokens
+    # usage counts every input as vLLM does: the short text's tokens (cached) and the long one's 50
+    assert cut.json()["usage"]["prompt_tokens"] == len(tokenizer(short)["input_ids"]) + 50
     plain_vectors, cut_vectors = vectors_of(plain), vectors_of(cut)
     np.testing.assert_array_equal(cut_vectors[0], plain_vectors[0])
     assert cosines(cut_vectors[1:], plain_vectors[1:])[0] < 0.99  # truncation changed the long text's vector
@@ -132,8 +133,11 @@ def test_truncations_vllm_refuses_get_its_answer(embedder, value, status, body):
 
 
 def test_a_truncation_below_minus_one_is_a_validation_error(embedder):
+    """vLLM's validation answer: 400 "Bad Request", the pydantic error, the field as ``param``."""
     response = embed(embedder.url, ["x"], truncate_prompt_tokens=-2)
-    assert response.status_code == 422 and "truncate_prompt_tokens" in response.json()["error"]["message"]
+    error = response.json()["error"]
+    assert (response.status_code, error["type"], error["param"]) == (400, "Bad Request", "body.truncate_prompt_tokens")
+    assert "greater_than_equal" in error["message"] and "Input should be greater than or equal to -1" in error["message"]
 
 
 # ------------------------------------------------------------------ against a real vLLM server
@@ -175,7 +179,9 @@ def test_a_vllm_backed_embedder_passes_the_truncation_to_vllm(vllm_server, tiny_
         short, long = "vllm backend short text", "backend " + LONG
         plain = embed(service.url, [short, long])
         cut = embed(service.url, [short, long], truncate_prompt_tokens=40)
-        assert counts(cut) == (1, 1) and cut.json()["usage"]["prompt_tokens"] == 40
+        assert counts(cut) == (1, 1)
+        assert cut.json()["usage"]["prompt_tokens"] == 40 + plain.json()["usage"]["prompt_tokens"] - (
+            httpx.post(f"{service.url}/tokenize", json={"prompt": long}, timeout=30).json()["count"])
         direct = httpx.post(f"{vllm_server.base_url}/v1/embeddings",
                             json={"input": [long], "truncate_prompt_tokens": 40}, timeout=120)
         assert cosines(vectors_of(cut)[1:], vectors_of(direct)).min() > 0.99999  # float32 end to end

@@ -280,6 +280,7 @@ class HeldVLLM:
         self.arrived = threading.Event()
         self.release = threading.Event()
         self.requests = 0
+        self.authorizations: list[str | None] = []  # each embeddings request's Authorization header
         held = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -294,6 +295,7 @@ class HeldVLLM:
                 if self.path != "/v1/embeddings":
                     return self._answer(404, {})
                 held.requests += 1
+                held.authorizations.append(self.headers.get("Authorization"))
                 held.arrived.set()
                 held.release.wait()
                 inputs = body.get("input") or []

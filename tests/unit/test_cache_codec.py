@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from clm.cache.codec import HEADER_BYTES, MAGIC, CorruptEntry, cache_key, decode_vector, encode_vector
+from clm.cache.codec import (HEADER_BYTES, MAGIC, UNKNOWN_TOKENS, CorruptEntry, cache_key, decode_entry, decode_vector,
+                             encode_vector)
 from clm.encoders.base import EncoderFingerprint
 
 FP = EncoderFingerprint(model="m", weights="w", pooling="last", normalize=True, dtype="float32",
@@ -118,8 +119,8 @@ def test_unknown_storage_dtype_is_refused():
 
 def _reseal(blob: bytearray) -> bytes:
     """Recompute the checksum so that only the field under test is wrong."""
-    crc = zlib.crc32(bytes(blob[HEADER_BYTES:]), zlib.crc32(bytes(blob[:12])))
-    blob[12:16] = struct.pack("<I", crc)
+    crc = zlib.crc32(bytes(blob[HEADER_BYTES:]), zlib.crc32(bytes(blob[:HEADER_BYTES - 4])))
+    blob[HEADER_BYTES - 4:HEADER_BYTES] = struct.pack("<I", crc)
     return bytes(blob)
 
 
@@ -134,13 +135,14 @@ GOOD = encode_vector(unit_vector(8), "float16")
         ("torn payload", lambda b: b[:-3], "torn"),
         ("padded", lambda b: b + b"\x00\x00", "torn"),
         ("magic", lambda b: b"XXXX" + b[4:], "magic"),
-        ("version", lambda b: _reseal(bytearray(b[:4] + b"\x02" + b[5:])), "version"),
+        ("version", lambda b: _reseal(bytearray(b[:4] + b"\x03" + b[5:])), "version"),
         ("dtype code", lambda b: _reseal(bytearray(b[:5] + b"\x09" + b[6:])), "dtype"),
         ("reserved bits", lambda b: _reseal(bytearray(b[:6] + b"\x01\x00" + b[8:])), "reserved"),
         ("dim", lambda b: _reseal(bytearray(b[:8] + struct.pack("<I", 9) + b[12:])), "dim"),
         ("dtype flip f16->f32 (length then wrong)", lambda b: _reseal(bytearray(b[:5] + b"\x02" + b[6:])), "torn"),
         ("payload bit flip", lambda b: b[:-1] + bytes([b[-1] ^ 0x01]), "checksum"),
-        ("header bit flip under the checksum", lambda b: b[:12] + bytes([b[12] ^ 0x80]) + b[13:], "checksum"),
+        ("checksum field bit flip", lambda b: b[:16] + bytes([b[16] ^ 0x80]) + b[17:], "checksum"),
+        ("token count bit flip", lambda b: b[:12] + bytes([b[12] ^ 0x01]) + b[13:], "checksum"),
         ("pickle", lambda b: b"\x80\x04\x95" + b[3:], "magic"),
     ],
 )
@@ -161,3 +163,34 @@ def test_any_single_byte_change_is_detected(position, xor):
     blob[position] ^= xor
     with pytest.raises(CorruptEntry):
         decode_vector(bytes(blob), 8)
+
+
+# ---------------------------------------------------------------- token counts (format version 2)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, UNKNOWN_TOKENS - 1) | st.none(), st.sampled_from(["float16", "float32"]))
+def test_the_token_count_rides_with_the_vector(tokens, dtype):
+    vector = unit_vector(8)
+    decoded, count = decode_entry(encode_vector(vector, dtype, tokens=tokens), 8)
+    assert count == tokens
+    np.testing.assert_allclose(decoded, vector, atol=1e-3)
+
+
+def test_a_count_out_of_range_is_refused():
+    for bad in (-1, UNKNOWN_TOKENS):
+        with pytest.raises(ValueError, match="token count"):
+            encode_vector(unit_vector(4), tokens=bad)
+
+
+def test_a_version_1_entry_is_still_served_without_a_count():
+    """Entries written before the token count (16-byte header) stay valid: vector served, count not known."""
+    vector = unit_vector(8).astype("<f2")
+    head = struct.pack("<4sBBHI", MAGIC, 1, 1, 0, 8)
+    crc = zlib.crc32(vector.tobytes(), zlib.crc32(head))
+    v1 = head + struct.pack("<I", crc) + vector.tobytes()
+    decoded, count = decode_entry(v1, 8)
+    assert count is None
+    np.testing.assert_array_equal(decoded, vector.astype(np.float32))
+    with pytest.raises(CorruptEntry, match="checksum"):
+        decode_entry(v1[:-1] + bytes([v1[-1] ^ 1]), 8)

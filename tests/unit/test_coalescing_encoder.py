@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from clm.encoders.base import EncoderError
 from clm.encoders.coalescing import CoalescingEncoder, split_tokens
 from clm.encoders.local import LocalEncoder
+from clm.encoders.options import EncodeOptions
 from clm.encoders.spec import EncoderSpec
 from clm_devtools.procs import free_port
 
@@ -180,24 +181,27 @@ def test_callers_that_leave_are_not_encoded_and_the_batcher_keeps_serving(local)
     assert counting.batch_sizes == [1]  # only the caller that stayed reached the model
 
 
-def test_calls_with_their_own_truncation_are_batched_per_truncation(local):
-    """The embedder's truncate_prompt_tokens: one backend call per distinct max_tokens within a batch."""
+def test_calls_with_their_own_options_are_batched_per_options(local):
+    """The embedder's request fields (truncate_prompt_tokens, add_special_tokens, ...): one backend call per
+    distinct EncodeOptions within a batch, each caller getting its own rows and token counts."""
     long = "a long text " + "word " * 100
-    requests = [([f"call {i} {long}"], [None, 8, 16][i % 3]) for i in range(9)]
-    calls: list[tuple[int, int | None]] = []
+    choices = [None, EncodeOptions(max_tokens=8), EncodeOptions(max_tokens=16, add_special_tokens=False)]
+    requests = [([f"call {i} {long}"], choices[i % 3]) for i in range(9)]
+    calls: list[tuple[int, EncodeOptions | None]] = []
 
     class Recording(CountingBackend):
-        async def encode(self, texts, max_tokens=None):
-            calls.append((len(texts), max_tokens))
-            return await self.inner.encode(texts, max_tokens=max_tokens)
+        async def encode(self, texts, options=None):
+            calls.append((len(texts), options))
+            return await self.inner.encode(texts, options=options)
 
     async def run():
         encoder = CoalescingEncoder(Recording(local), max_batch_texts=64, window_ms=50)
-        return await asyncio.gather(*(encoder.encode(texts, max_tokens=limit) for texts, limit in requests))
+        return await asyncio.gather(*(encoder.encode(texts, options=options) for texts, options in requests))
 
     results = asyncio.run(run())
-    for (texts, limit), got in zip(requests, results):
-        want = local.encode_blocking(texts, max_tokens=limit)
+    for (texts, options), got in zip(requests, results):
+        want = local.encode_blocking(texts, options=options)
         np.testing.assert_allclose(got.vectors, want.vectors, atol=1e-5)
-        assert got.prompt_tokens == want.prompt_tokens == (limit or 128)
-    assert sorted(calls, key=str) == sorted([(3, None), (3, 8), (3, 16)], key=str)
+        assert got.prompt_tokens == want.prompt_tokens == (options.max_tokens if options else 128)
+        assert got.token_counts == want.token_counts == ((options.max_tokens if options else 128) + 1,)
+    assert sorted(calls, key=str) == sorted([(3, choice) for choice in choices], key=str)

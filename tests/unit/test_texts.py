@@ -130,8 +130,9 @@ def test_option_texts_never_contain_the_question(reference):
 
 def test_option_texts_accept_a_plain_mapping_and_validate_it():
     assert option_texts({"type": "choice", "criteria": {"a": None, "b": "bee"}}) == ("a", "bee")
+    assert option_texts({"type": "choice", "criteria": {"only": None}}) == ("only",)  # one option: probability 1
     with pytest.raises(ValueError):
-        option_texts({"type": "choice", "criteria": {"only": None}})
+        option_texts({"type": "choice", "criteria": {}})
 
 
 # ---------------------------------------------------------------- byte for byte with upstream's build_pairs

@@ -63,6 +63,57 @@ def describe_validation_error(exc: RequestValidationError) -> tuple[str, str | N
     return "; ".join(parts) or "invalid request", first_param
 
 
+# vLLM 0.32's validation answer (vllm/entrypoints/serve/exception_handling/handlers/validation.py), rebuilt:
+# 400 "Bad Request", "N validation errors:" then one line per error (at most 10, each bounded), and the
+# first error's location as ``param`` with pydantic's internal markers (union branches, wrappers) dropped.
+_LOC_MARKERS = frozenset({
+    "function-wrap", "function-after", "function-before", "function-plain", "json-or-python", "lax-or-strict",
+    "chain", "default", "nullable", "tagged-union", "union", "call", "arguments", "is-instance", "is-subclass",
+    "callable", "str", "int", "float", "bool", "bytes", "bytearray", "list", "tuple", "dict", "set", "frozenset",
+    "complex", "none", "nonetype"})
+_MAX_REPORTED_ERRORS, _MAX_ERROR_INPUT_CHARS, _MAX_ERROR_CHARS = 10, 200, 1000
+
+
+def _clean_loc(loc: tuple) -> str:
+    parts = [str(p) for p in loc if not (set(str(p)) & set("[]{}()") or str(p).lower() in _LOC_MARKERS)]
+    return ".".join(parts or [str(p) for p in loc])
+
+
+def _summarized_input(value: object) -> object:
+    """A bounded stand-in for the offending value: one bad element of a huge input must not echo it all."""
+    if isinstance(value, (bytes, bytearray)):
+        return f"<{type(value).__name__} of {len(value)} bytes>"
+    if isinstance(value, (list, tuple, set, frozenset, dict)):
+        return f"<{type(value).__name__} of {len(value)} items>"
+    try:
+        text = value if isinstance(value, str) else str(value)
+    except Exception:  # e.g. an int past sys.get_int_max_str_digits()
+        return f"<{type(value).__name__}>"
+    return text[:_MAX_ERROR_INPUT_CHARS] + "...[truncated]" if len(text) > _MAX_ERROR_INPUT_CHARS else text
+
+
+def vllm_validation_message(errors: list) -> tuple[str, str | None]:
+    """(message, param) of a validation failure, worded as vLLM words it."""
+    if not errors:
+        return "Validation error", None
+    lines = []
+    for err in errors[:_MAX_REPORTED_ERRORS]:
+        if isinstance(err, dict):
+            err = {k: v for k, v in err.items() if k != "url"}
+            if "input" in err:
+                err["input"] = _summarized_input(err["input"])
+            if isinstance(err.get("loc"), (tuple, list)):
+                err["loc"] = _clean_loc(tuple(err["loc"]))
+        text = str(err)
+        lines.append(f"  {text[:_MAX_ERROR_CHARS] + '...[truncated]' if len(text) > _MAX_ERROR_CHARS else text}\n")
+    label = "error" if len(errors) == 1 else "errors"
+    message = f"{len(errors)} validation {label}:\n" + "".join(lines)
+    if len(errors) > _MAX_REPORTED_ERRORS:
+        message += f"  ...and {len(errors) - _MAX_REPORTED_ERRORS} more {label}\n"
+    first = errors[0].get("loc") if isinstance(errors[0], dict) else None
+    return message.rstrip(), _clean_loc(tuple(first)) if first else None
+
+
 def kinded_error_response(error: KindedError, retry_after_s: int = 1) -> JSONResponse:
     """A core error as HTTP, its status from the one kind table (``clm.errors.KIND_OUTCOMES``): bad input ->
     400 naming ``param``; a dependency that failed (encoder, Redis, disk) or too much work in flight -> 503
@@ -74,8 +125,11 @@ def kinded_error_response(error: KindedError, retry_after_s: int = 1) -> JSONRes
     return error_response(status, f"{message}; retry later", headers={"Retry-After": str(retry_after_s)})
 
 
-def install_error_handlers(app: FastAPI, validation_status: int = 422, retry_after_s: int = 1) -> None:
+def install_error_handlers(app: FastAPI, validation_status: int = 422, retry_after_s: int = 1,
+                           validation_style: str = "fields") -> None:
     """``validation_status``: 422 (FastAPI convention) or 400 (what vLLM answers).
+    ``validation_style``: ``fields`` (one ``field: problem`` per error) or ``vllm`` (vLLM 0.32's message,
+    400 "Bad Request", :func:`vllm_validation_message`).
     ``retry_after_s``: the ``Retry-After`` of every 503 a core error maps to."""
 
     @app.exception_handler(KindedError)
@@ -89,6 +143,9 @@ def install_error_handlers(app: FastAPI, validation_status: int = 422, retry_aft
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        if validation_style == "vllm":
+            message, param = vllm_validation_message(list(exc.errors()))
+            return error_response(400, message, param=param, err_type="Bad Request")
         message, param = describe_validation_error(exc)
         return error_response(validation_status, message, param=param)
 

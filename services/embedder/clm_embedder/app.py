@@ -10,12 +10,15 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 import clm
 from clm.encoders.base import ENCODER_DIGEST_HEADER
 
-from clm_http.errors import install_error_handlers
+from clm.encoders.base import EncoderInputError
+from clm_http.api_key import APIKeyMiddleware, api_keys_from
+from clm_http.errors import error_response, install_error_handlers
 from clm_http.limits import BodySizeLimitMiddleware
 from clm_http.metrics import RequestMetricsMiddleware
 
 from .metrics import EmbedderMetrics
 from .routes import router
+from .tokenize_routes import router as tokenize_router
 from .settings import EmbedderSettings
 from .state import EmbedderState
 
@@ -43,6 +46,9 @@ class EncoderDigestMiddleware:
         await self.app(scope, receive, send_with_digest)
 
 
+GUARDED_PREFIXES = ("/v1", "/v2", "/inference", "/cohere", "/pooling", "/invocations", "/tokenize", "/detokenize")
+
+
 def create_app(settings: EmbedderSettings | None = None) -> FastAPI:
     settings = settings or EmbedderSettings()
     metrics = EmbedderMetrics.create()  # created with the app: the middleware counts from the first request
@@ -57,13 +63,26 @@ def create_app(settings: EmbedderSettings | None = None) -> FastAPI:
 
     app = FastAPI(title="clm-embedder", version=clm.__version__, lifespan=lifespan,
                   description="OpenAI/vLLM-compatible /v1/embeddings over a Redis + disk cache.")
-    install_error_handlers(app, validation_status=422, retry_after_s=settings.retry_after_s)
+    install_error_handlers(app, retry_after_s=settings.retry_after_s, validation_style="vllm")
+
+    @app.exception_handler(EncoderInputError)
+    async def _refused_input(request, exc: EncoderInputError):
+        # The encoder's own words (vLLM's, for the vllm backend), as vLLM answers them: 400 BadRequestError,
+        # param null, as vLLM gives it (the message is the encoder's own).
+        request.state.error_kind = exc.kind
+        return error_response(400, exc.detail, err_type="BadRequestError")
+
     app.include_router(router)
+    app.include_router(tokenize_router)
     # Upper bound of a legal body: every input at its character limit, 4 bytes per character in JSON escapes.
     max_body = settings.max_inputs_per_request * (settings.max_chars_per_input * 4 + 16) + 4096
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=min(max_body, settings.max_body_bytes))
     # Outermost, so it counts every answer, the body limit's 413s and the pre-checks' 4xx included.
     app.add_middleware(RequestMetricsMiddleware, requests=metrics.requests, latency=metrics.request_seconds,
-                       errors=metrics.errors, paths={"/v1/embeddings"})
+                       errors=metrics.errors, paths={"/v1/embeddings", "/pooling", "/invocations"})
+    # vLLM's --api-key, guarding every route that encodes or describes the model (vLLM guards /v1 and /v2 only;
+    # here /pooling, /invocations and the tokenizer routes too: encoding fills the cache and spends the GPUs).
+    app.add_middleware(APIKeyMiddleware, keys=api_keys_from(settings.api_key.get_secret_value()),
+                       guarded_prefixes=GUARDED_PREFIXES)
     app.add_middleware(EncoderDigestMiddleware)  # outermost of all: every response names its encoder
     return app

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 from clm.encoders.base import EncodeResult, EncoderBackend
+from clm.encoders.options import EncodeOptions
 
 from .metrics import EmbedderMetrics
 
@@ -25,13 +26,13 @@ class InstrumentedBackend:
         self.texts_encoded = 0
         self.calls = 0
 
-    async def encode(self, texts: list[str], max_tokens: int | None = None) -> EncodeResult:
+    async def encode(self, texts: list[str], options: EncodeOptions | None = None) -> EncodeResult:
         started = time.perf_counter()
         try:
-            if max_tokens is None:
+            if options is None:
                 result = await self.inner.encode(texts)
-            else:  # a request's own truncation (clm.encoders.truncation)
-                result = await self.inner.encode(texts, max_tokens=max_tokens)  # type: ignore[call-arg]
+            else:  # a request's own vLLM fields (clm.encoders.options)
+                result = await self.inner.encode(texts, options=options)  # type: ignore[call-arg]
         finally:
             self.metrics.backend_seconds.observe(time.perf_counter() - started)
         self.metrics.backend_batch_texts.observe(len(texts))

@@ -1,79 +1,120 @@
-"""Request and response models of ``POST /v1/embeddings`` (OpenAI / vLLM shapes).
+"""The request bodies of vLLM 0.32's embedding routes, as vLLM validates them.
 
-Clients written for OpenAI or vLLM work unchanged. We are stricter than
-OpenAI in one way: an unknown field is refused (422 naming it) instead of
-ignored, so a typo such as ``encoding_fromat`` never silently falls back to
-a default. The vLLM extensions we do not implement are refused by name.
-
-Of vLLM's extensions we take ``truncate_prompt_tokens`` (what upstream CLM's
-``Embedder`` sends), with vLLM 0.32's meaning: cut each text to that many
-tokens with the tokenizer's own truncation (special tokens kept), ``-1`` =
-the maximum length; this embedder's maximum length is its ``max_tokens``
-(every text is cut to it anyway), so a larger value is refused with vLLM's
-400, and ``0`` (an empty prompt) too. See ``clm.encoders.truncation``.
+Read from vLLM 0.32 (``vllm/entrypoints/pooling/embed/protocol.py``,
+``pooling/base/protocol.py``, ``pooling/pooling/protocol.py``): the same fields,
+defaults and limits, unknown fields ignored (vLLM's ``extra="allow"``), and the
+refusals vLLM raises from its validators (a removed ``normalize`` or ``task``,
+a bad ``cache_salt``, conflicting chat flags) answered with vLLM's own words
+(``BadRequestError`` naming the parameter). vLLM's five request classes
+(text/token-id input, a chat, a batch of chats, a chat or chats in ``input``)
+are one model here; :mod:`clm_embedder.inputs` tells them apart as vLLM does.
 """
 
 from __future__ import annotations
 
-import time
 import uuid
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from clm_http.errors import APIError
 
-class EmbeddingRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+from .encodings import EmbedDType, EncodingFormat, Endianness
 
-    model: str | None = Field(None, description="Optional; when given it must be the served model name.")
-    input: str | list[str] = Field(..., description="One text or a list of texts (token arrays are not accepted).")
-    encoding_format: Literal["float", "base64"] = "float"
-    embed_dtype: Literal["float32", "float16"] = Field(
-        "float32", description="Dtype of the returned vectors (base64 payload is little-endian)."
-    )
-    dimensions: int | None = Field(None, description="Accepted only when equal to the model's dimension.")
-    user: str | None = Field(None, description="Ignored; accepted for OpenAI compatibility.")
-    truncate_prompt_tokens: int | None = Field(
-        None, ge=-1, description="vLLM's: cut each input to this many tokens (special tokens kept; -1 = the "
-                                 "embedder's max_tokens, which is also the largest value accepted).")
+ChatMessage = dict[str, Any]  # vLLM: a dict whose "role" is a string (checked in clm_embedder.inputs)
+Input = list[int] | list[list[int]] | str | list[str] | list[ChatMessage] | list[list[ChatMessage]]
 
-    def texts(self) -> list[str]:
-        return [self.input] if isinstance(self.input, str) else list(self.input)
+# vLLM's cache_salt rule (vllm/entrypoints/generate/base/protocol.py), word for word.
+_SALT_EMPTY = "Parameter 'cache_salt' must be a non-empty string if provided."
+_SALT_BAD = "Parameter 'cache_salt' must be at most 128 characters and must not contain '@', '/', '\\\\', or NUL."
+_REMOVED_TASKS = {"score": "`score` task was removed; use `classify` instead.",
+                  "encode": "`encode` task was removed; use `token_embed` or `token_classify` instead."}
 
 
-class EmbeddingData(BaseModel):
-    object: Literal["embedding"] = "embedding"
-    index: int
-    embedding: list[float] | str
+def vllm_parameter_error(message: str, parameter: str, value: Any = None) -> APIError:
+    """vLLM's ``VLLMValidationError``: 400 BadRequestError, ``message (parameter=p[, value=v])``."""
+    extras = f"parameter={parameter}" + (f", value={value}" if value is not None else "")
+    return APIError(400, f"{message} ({extras})", param=parameter, err_type="BadRequestError")
 
 
-class EmbeddingUsage(BaseModel):
-    """vLLM's usage object (OpenAI's two counts, plus the fields vLLM always sends)."""
-
-    prompt_tokens: int
-    total_tokens: int
-    completion_tokens: int = 0
-    prompt_tokens_details: None = None
-    completion_tokens_details: None = None
+def random_request_id() -> str:
+    return uuid.uuid4().hex[:16]  # vLLM's random_uuid()
 
 
-class EmbeddingResponse(BaseModel):
-    id: str = Field(default_factory=lambda: f"embd-{uuid.uuid4().hex}")
-    object: Literal["list"] = "list"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    data: list[EmbeddingData]
-    usage: EmbeddingUsage
+class PoolingRequestBase(BaseModel):
+    """Fields every vLLM pooling request takes (text or chat)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    user: str | None = None
+    input: Input | None = None
+    messages: list[ChatMessage] | list[list[ChatMessage]] | None = None
+    encoding_format: EncodingFormat = "float"
+    embed_dtype: EmbedDType = "float32"
+    endianness: Endianness = "native"
+    truncate_prompt_tokens: int | None = Field(None, ge=-1)
+    truncation_side: Literal["left", "right"] | None = None
+    padding: Literal["max_length", "do_not_pad"] | None = None
+    add_special_tokens: bool | None = None  # None: True for text and token ids, False for a chat (vLLM's defaults)
+    use_activation: bool | None = None
+    request_id: str = Field(default_factory=random_request_id)
+    priority: int = Field(0, ge=-(2**63), le=2**63 - 1)
+    cache_salt: str | None = None
+    mm_processor_kwargs: dict[str, Any] | None = None
+    # the chat form
+    add_generation_prompt: bool = False
+    continue_final_message: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    media_io_kwargs: dict[str, Any] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_removed_parameters(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            if "normalize" in data:
+                raise vllm_parameter_error("Parameter `normalize` was removed; use `use_activation` instead.",
+                                           "normalize")
+            if data.get("task") in _REMOVED_TASKS:
+                raise vllm_parameter_error(_REMOVED_TASKS[data["task"]], "task")
+            if "cache_salt" in data and data["cache_salt"] is not None:
+                salt = data["cache_salt"]
+                if not isinstance(salt, str) or not salt:
+                    raise vllm_parameter_error(_SALT_EMPTY, "cache_salt")
+                if len(salt) > 128 or any(c in salt for c in "@/\\\x00"):
+                    raise vllm_parameter_error(_SALT_BAD, "cache_salt")
+        return data
+
+    @model_validator(mode="after")
+    def _check_chat_flags(self) -> "PoolingRequestBase":
+        if self.is_chat and self.continue_final_message and self.add_generation_prompt:
+            raise APIError(400, "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+                           err_type="BadRequestError")
+        if self.input is None and self.messages is None:
+            raise APIError(400, "1 validation error:\n  {'type': 'missing', 'loc': 'body.input', 'msg': 'Field "
+                                "required', 'input': 'None'}", param="body.input", err_type="Bad Request")
+        return self
+
+    @property
+    def is_chat(self) -> bool:
+        """vLLM's union: ``messages`` makes a chat request (``input`` is then ignored), and so does an
+        ``input`` made of chat messages."""
+        if self.messages is not None:
+            return True
+        return isinstance(self.input, list) and bool(self.input) and (
+            isinstance(self.input[0], dict) or (isinstance(self.input[0], list) and bool(self.input[0])
+                                                and isinstance(self.input[0][0], dict)))
 
 
-class ErrorInfo(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: int
+class EmbeddingRequest(PoolingRequestBase):
+    """``POST /v1/embeddings`` (and an embeddings body sent to ``/invocations``)."""
+
+    dimensions: int | None = None
 
 
-class ErrorResponse(BaseModel):
-    """The OpenAI/vLLM error body, so clients parse our errors like vLLM's."""
+class PoolingRequest(PoolingRequestBase):
+    """``POST /pooling``: the embeddings fields plus ``task`` (this server's task is ``embed``)."""
 
-    error: ErrorInfo
+    task: Literal["embed", "classify", "token_embed", "token_classify", "plugin", "embed&token_classify"] | None = None
+    dimensions: int | None = None

@@ -1,148 +1,189 @@
-"""HTTP routes of the embedder: embeddings, encoder identity, cache stats, health, metrics."""
+"""HTTP routes of the embedder: vLLM 0.32's pooling routes for an embedding model, plus the cache's own.
+
+``/v1/embeddings``, ``/pooling`` (the ``embed`` task) and ``/invocations`` answer
+as vLLM answers them (``clm_embedder.protocol``, ``.inputs``, ``.encodings``);
+``/tokenize`` and ``/detokenize`` are in ``.tokenize_routes``. Ours beside them:
+``/v1/encoder`` (the fingerprint clients key by), ``/v1/cache/stats``, a JSON
+``/health`` and ``/metrics``.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import base64
+import dataclasses
+import time
 
 import numpy as np
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import ValidationError
 
 from clm.cache import CacheResult
 from clm.encoders.base import EncoderInputError
-from clm.encoders.truncation import TruncatedView
+from clm.encoders.options import OptionsView
 from clm_http.errors import APIError
 
-from .protocol import EmbeddingData, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage
+from .encodings import render_pooling_response
+from .inputs import ResolvedInputs, check_lengths, check_model, resolve_inputs
+from .protocol import EmbeddingRequest, PoolingRequest, PoolingRequestBase, vllm_parameter_error
 from .state import EmbedderState
 
 router = APIRouter()
 
-# vLLM 0.32's answers, word for word, so a client parses ours like vLLM's: a truncation above the maximum
-# length (vllm/entrypoints/pooling/base/serving.py, PoolingBaseServing._validate_request; this embedder's
-# maximum length is its max_tokens) and truncate_prompt_tokens=0, which leaves an empty prompt
-# (vllm/v1/engine/input_processor.py, _validate_prompt_len). Both 400 BadRequestError with param null.
-TRUNCATION_TOO_LARGE = ("truncate_prompt_tokens value is greater than max_model_len."
-                        " Please request a smaller truncation size.")
-EMPTY_PROMPT = "The decoder prompt cannot be empty"
+VLLM_VERSION = "0.32.0"  # the vLLM release whose API this embedder serves (GET /version)
+SUPPORTED_TASKS = ("embed", "token_embed")  # what vLLM lists for an embedding model
+UNSUPPORTED_MEDIA = "Unsupported Media Type: Only 'application/json' is allowed"
 
 
 def _state(request: Request) -> EmbedderState:
     return request.app.state.embedder
 
 
-def _check_request(body: EmbeddingRequest, state: EmbedderState) -> list[str]:
-    settings = state.settings
-    if body.model is not None and body.model not in (settings.served_model_name, state.backend.fingerprint.model):
-        raise APIError(404, f"model {body.model!r} is not served here; this embedder serves "
-                            f"{settings.served_model_name!r}", param="model", err_type="NotFoundError")
-    if body.dimensions is not None and body.dimensions != state.backend.dim:
-        raise APIError(400, f"dimensions={body.dimensions} is not supported: this encoder returns "
-                            f"{state.backend.dim}-dimensional vectors (no Matryoshka truncation)", param="dimensions")
-    texts = body.texts()
-    if not texts:
-        raise APIError(422, "input must hold at least one text", param="input")
-    if len(texts) > settings.max_inputs_per_request:
-        raise APIError(413, f"{len(texts)} inputs exceed the limit of {settings.max_inputs_per_request} per request",
-                       param="input")
-    for index, text in enumerate(texts):
-        if len(text) > settings.max_chars_per_input:
-            raise APIError(413, f"input {index} has {len(text)} characters; the limit is "
-                                f"{settings.max_chars_per_input}", param=f"input.{index}")
+async def require_json(request: Request) -> None:
+    """vLLM's ``validate_json_request``: another content type is a 400 validation error."""
+    content_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if content_type != "application/json":
+        raise RequestValidationError(errors=[UNSUPPORTED_MEDIA])
+
+
+async def embed(resolved: ResolvedInputs, state: EmbedderState) -> tuple[CacheResult, int]:
+    """The vectors of ``resolved`` from the cache (encoding what it lacks) and vLLM's ``prompt_tokens``."""
+    fingerprint = state.backend.fingerprint
+    state.metrics.inputs_per_request.observe(len(resolved.keys))
+    with state.gate.admit():
+        state.metrics.in_flight.inc()
         try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as error:  # a JSON "\ud800" escape: no tokenizer and no cache key takes it
-            raise APIError(400, f"input {index} is not valid Unicode (unpaired surrogate at position "
-                                f"{error.start})", param=f"input.{index}") from None
-    return texts
+            result = await _lookup(resolved, state)
+        finally:
+            state.metrics.in_flight.dec()
+    counts = list(result.token_counts)
+    unknown = [i for i, count in enumerate(counts) if count is None]
+    if unknown and state.tokenizer is not None:  # entries cached without a count (older format, other writers)
+        found = await state.tokenizer.count([resolved.keys[i] for i in unknown], resolved.options,
+                                            resolved.options.limit(fingerprint))
+        for i, count in zip(unknown, found):
+            counts[i] = count
+    await check_lengths(resolved, counts, fingerprint.max_tokens, state)
+    known = [count for count in counts if count is not None]
+    if len(known) < len(counts):  # no tokenizer here: what the backend encoded is all that can be counted
+        return result, result.prompt_tokens
+    return result, sum(resolved.options.tokens_used(count, fingerprint) for count in known)
 
 
-def _truncation(body: EmbeddingRequest, state: EmbedderState) -> int | None:
-    """The request's own truncation when it can shorten a text (1 .. max_tokens - 1); None when it is the
-    embedder's own (absent, -1 or max_tokens: every text is cut to max_tokens anyway)."""
-    requested, limit = body.truncate_prompt_tokens, state.backend.fingerprint.max_tokens
-    if requested is None or requested in (-1, limit):
-        return None
-    if requested > limit:
-        raise APIError(400, TRUNCATION_TOO_LARGE, err_type="BadRequestError")
-    if requested == 0:
-        raise APIError(400, EMPTY_PROMPT, err_type="BadRequestError")
-    return requested
-
-
-async def _lookup(texts: list[str], truncation: int | None, state: EmbedderState) -> CacheResult:
-    """The cache's answer for ``texts``, each cut to ``truncation`` tokens when given.
-
-    A text truncation shortens is looked up (and encoded) through a :class:`TruncatedView`: its own
-    fingerprint, so its own cache key. A text it leaves whole keeps the ordinary key, shared with requests
-    without truncation; without a tokenizer to tell, every text takes the truncated key (exact, unshared).
-    """
-    if truncation is None:
-        return await state.cache.get_or_encode(texts, state.encoder)
-    counts = await state.token_counter.count(texts) if state.token_counter is not None else None
-    cut = [i for i in range(len(texts)) if counts is None or counts[i] > truncation]
-    whole = sorted(set(range(len(texts))) - set(cut))
-    parts = [(positions, encoder) for positions, encoder in
-             ((whole, state.encoder), (cut, TruncatedView(state.encoder, truncation))) if positions]
-    if len(parts) == 1:
-        return await state.cache.get_or_encode(texts, parts[0][1])
+async def _lookup(resolved: ResolvedInputs, state: EmbedderState) -> CacheResult:
+    """The cache's answer for ``resolved``. An input the request's truncation leaves whole (as many tokens
+    as the truncation or fewer, counted with the model's tokenizer) is the input without truncation, so it
+    takes the untruncated options, and its entry is shared with requests that send no truncation (the
+    trainer's, clm-serve's); without a tokenizer every input takes the truncated options (exact, unshared)."""
+    fingerprint, options = state.backend.fingerprint, resolved.options
+    truncation = options.effective(fingerprint).max_tokens
+    parts = [(list(range(len(resolved.keys))), options)]
+    if truncation is not None and state.tokenizer is not None:
+        found = await state.tokenizer.count(resolved.keys, options, truncation)
+        whole = [i for i, count in enumerate(found) if count <= truncation]
+        cut = [i for i, count in enumerate(found) if count > truncation]
+        untruncated = dataclasses.replace(options, max_tokens=None, truncation_side=None)
+        parts = [(positions, part) for positions, part in ((whole, untruncated), (cut, options)) if positions]
+    encoders = [(positions, state.encoder if part.is_default(fingerprint) else OptionsView(state.encoder, part))
+                for positions, part in parts]
+    if len(encoders) == 1:
+        return await state.cache.get_or_encode(resolved.keys, encoders[0][1])
     outcomes = await asyncio.gather(
-        *(state.cache.get_or_encode([texts[i] for i in positions], encoder) for positions, encoder in parts),
+        *(state.cache.get_or_encode([resolved.keys[i] for i in positions], encoder) for positions, encoder in encoders),
         return_exceptions=True)
-    for (positions, _), outcome in zip(parts, outcomes):
+    for (positions, _), outcome in zip(encoders, outcomes):
         if isinstance(outcome, EncoderInputError) and 0 <= outcome.index < len(positions):
             raise outcome.at(positions[outcome.index]) from None  # its index in the caller's own input
         if isinstance(outcome, BaseException):
             raise outcome
-    vectors = np.empty((len(texts), state.backend.dim), dtype=np.float32)
-    for (positions, _), result in zip(parts, outcomes):
-        vectors[positions] = result.vectors
+    vectors = np.empty((len(resolved.keys), state.backend.dim), dtype=np.float32)
+    counts: list[int | None] = [None] * len(resolved.keys)
+    for (positions, _), part in zip(encoders, outcomes):
+        vectors[positions] = part.vectors
+        for position, count in zip(positions, part.token_counts):
+            counts[position] = count
     return CacheResult(
         vectors=vectors, prompt_tokens=sum(r.prompt_tokens for r in outcomes),
         redis_hits=sum(r.redis_hits for r in outcomes), disk_hits=sum(r.disk_hits for r in outcomes),
         misses=sum(r.misses for r in outcomes), coalesced=sum(r.coalesced for r in outcomes),
         corrupt_dropped=sum(r.corrupt_dropped for r in outcomes),
-        redis_available=all(r.redis_available for r in outcomes))
+        redis_available=all(r.redis_available for r in outcomes), token_counts=tuple(counts))
 
 
-def _encode_rows(vectors: np.ndarray, encoding_format: str, dtype: str) -> list[list[float] | str]:
-    cast = vectors.astype("<f2" if dtype == "float16" else "<f4", copy=False)
-    if encoding_format == "base64":
-        return [base64.b64encode(row.tobytes()).decode("ascii") for row in cast]
-    return cast.astype(np.float64).tolist() if dtype == "float16" else cast.tolist()
+def _cache_headers(result: CacheResult) -> dict[str, str]:
+    return {"X-Cache-Redis-Hits": str(result.redis_hits), "X-Cache-Disk-Hits": str(result.disk_hits),
+            "X-Cache-Misses": str(result.misses), "X-Cache-Corrupt-Dropped": str(result.corrupt_dropped)}
 
 
-@router.post("/v1/embeddings", response_model=EmbeddingResponse)
-async def create_embeddings(body: EmbeddingRequest, request: Request) -> JSONResponse:
-    """Counted and timed by clm_http's request-metrics middleware; a refused input (400, naming the
-    caller's own index), a saturated embedder or an unavailable encoder (503 with Retry-After) are
-    answered by clm_http's one mapping of the core errors' ``kind``."""
+def _check_dimensions(body: PoolingRequestBase, state: EmbedderState) -> None:
+    dimensions = getattr(body, "dimensions", None)
+    if dimensions is not None:  # vLLM's answer for a model without Matryoshka embeddings (pooling_params.py)
+        raise APIError(400, f"Model {state.settings.served_model_name!r} does not support Matryoshka embeddings; "
+                            f"dimensions must be unset (received dimensions={dimensions}).",
+                       err_type="BadRequestError")
+
+
+async def _answer(body: PoolingRequestBase, request: Request, kind: str, id_prefix: str) -> Response:
     state = _state(request)
-    metrics = state.metrics
-    texts = _check_request(body, state)
-    truncation = _truncation(body, state)
-    metrics.inputs_per_request.observe(len(texts))
-    with state.gate.admit():
-        metrics.in_flight.inc()
+    resolved = await resolve_inputs(body, state)
+    result, prompt_tokens = await embed(resolved, state)
+    base_id = request.headers.get("X-Request-Id") or body.request_id
+    return render_pooling_response(
+        result.vectors, kind=kind, encoding_format=body.encoding_format, embed_dtype=body.embed_dtype,
+        endianness=body.endianness, response_id=f"{id_prefix}{base_id}", created=int(time.time()),
+        model=state.settings.served_model_name, prompt_tokens=prompt_tokens, headers=_cache_headers(result))
+
+
+@router.post("/v1/embeddings", dependencies=[Depends(require_json)])
+async def create_embeddings(body: EmbeddingRequest, request: Request) -> Response:
+    """Counted and timed by clm_http's request-metrics middleware; a refused input (400), a saturated
+    embedder or an unavailable encoder (503 with Retry-After) are answered by clm_http's one mapping of
+    the core errors' ``kind``."""
+    check_model(body, _state(request))
+    _check_dimensions(body, _state(request))
+    return await _answer(body, request, "embedding", "embd-")
+
+
+def _check_task(body: PoolingRequest) -> None:
+    """vLLM's ``_verify_pooling_task`` for a server whose pooling task is ``embed``."""
+    if body.dimensions is not None:
+        raise vllm_parameter_error("dimensions is currently not supported", "dimensions")
+    task = body.task or "embed"
+    if task == "plugin":
+        raise vllm_parameter_error("No IOProcessor plugin installed. Please refer to the documentation and to the "
+                                   "'prithvi_geospatial_mae_io_processor' offline inference example for more "
+                                   "details.", "task")
+    if task != "embed":
+        if task not in SUPPORTED_TASKS:
+            raise vllm_parameter_error(f"Unsupported task: {task!r} Supported tasks: {SUPPORTED_TASKS}", "task")
+        raise vllm_parameter_error(f"Try switching the model's pooling_task via --pooler-config.task {task}.",
+                                   "task")
+
+
+@router.post("/pooling", dependencies=[Depends(require_json)])
+async def create_pooling(body: PoolingRequest, request: Request) -> Response:
+    check_model(body, _state(request))
+    _check_task(body)
+    return await _answer(body, request, "pooling", "pooling-")
+
+
+@router.post("/invocations", dependencies=[Depends(require_json)])
+async def invocations(request: Request) -> Response:
+    """SageMaker's route: the body is read as the first request type it validates as (vLLM's order)."""
+    try:
+        payload = await request.json()
+    except ValueError as error:
+        raise APIError(400, f"JSON decode error: {error}", err_type="Bad Request") from None
+    for request_type, route in ((EmbeddingRequest, create_embeddings), (PoolingRequest, create_pooling)):
         try:
-            result = await _lookup(texts, truncation, state)
-        finally:
-            metrics.in_flight.dec()
-    rows = _encode_rows(result.vectors, body.encoding_format, body.embed_dtype)
-    response = EmbeddingResponse(
-        model=body.model or state.settings.served_model_name,
-        data=[EmbeddingData(index=i, embedding=row) for i, row in enumerate(rows)],
-        usage=EmbeddingUsage(prompt_tokens=result.prompt_tokens, total_tokens=result.prompt_tokens),
-    )
-    headers = {
-        "X-Cache-Redis-Hits": str(result.redis_hits),
-        "X-Cache-Disk-Hits": str(result.disk_hits),
-        "X-Cache-Misses": str(result.misses),
-        "X-Cache-Corrupt-Dropped": str(result.corrupt_dropped),
-    }
-    return JSONResponse(response.model_dump(), headers=headers)
+            body = request_type.model_validate(payload)
+        except ValidationError:
+            continue
+        return await route(body, request)
+    raise APIError(400, "Cannot find suitable handler for request. Expected one of: "
+                        f"[{EmbeddingRequest!s}, {PoolingRequest!s}]", err_type="BadRequestError")
 
 
 @router.get("/v1/encoder")
@@ -155,9 +196,16 @@ async def encoder_identity(request: Request) -> dict:
 
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict:
+    """vLLM's model card (one per served name)."""
     state = _state(request)
-    return {"object": "list", "data": [{"id": state.settings.served_model_name, "object": "model",
-                                        "owned_by": "clm", "root": state.backend.fingerprint.model}]}
+    created = int(state.started_at)
+    return {"object": "list", "data": [{
+        "id": state.settings.served_model_name, "object": "model", "created": created, "owned_by": "vllm",
+        "root": state.backend.fingerprint.model, "parent": None, "max_model_len": state.backend.fingerprint.max_tokens,
+        "permission": [{"id": f"modelperm-{state.backend.fingerprint.digest[:16]}", "object": "model_permission",
+                        "created": created, "allow_create_engine": False, "allow_sampling": True,
+                        "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
+                        "allow_fine_tuning": False, "organization": "*", "group": None, "is_blocking": False}]}]}
 
 
 @router.get("/v1/cache/stats")
@@ -182,6 +230,17 @@ async def health(request: Request) -> Response:
     else:
         status, code = "ok", 200
     return JSONResponse({"status": status, "backend": backend_ok, **tiers.as_dict()}, status_code=code)
+
+
+@router.api_route("/ping", methods=["GET", "POST"])
+async def ping(request: Request) -> Response:
+    """SageMaker's health route (vLLM answers it as /health)."""
+    return await health(request)
+
+
+@router.get("/version")
+async def version() -> dict:
+    return {"version": VLLM_VERSION}
 
 
 @router.get("/metrics")

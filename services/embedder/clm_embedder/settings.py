@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from clm.encoders.spec import DEFAULT_ENCODER_MAX_TOKENS, DEFAULT_ENCODER_MODEL, DEFAULT_ENCODER_POOLING, EncoderSpec
@@ -37,6 +37,15 @@ class EmbedderSettings(ServiceSettings):
     vllm_max_concurrency: int = Field(4, ge=1, description="Requests to vLLM (coalesced batches) in flight at once; locally one batch at a time.")
     vllm_timeout_s: float = Field(120.0, gt=0, description="Timeout of one vLLM request.")
     vllm_retries: int = Field(4, ge=0, description="Retries (exponential backoff) on connection errors and 5xx.")
+    vllm_api_key: SecretStr = Field(SecretStr(""), description="Bearer token sent to a vLLM server started with `--api-key` (empty: none).")
+
+    api_key: SecretStr = Field(
+        SecretStr(""), validation_alias=AliasChoices("CLM_EMBEDDER_API_KEY", "VLLM_API_KEY"),
+        description="vLLM's `--api-key`: when set (one key, or several separated by commas), every route that "
+                    "encodes or describes the model (`/v1/*`, `/v2/*`, `/pooling`, `/invocations`, `/tokenize`, "
+                    "`/detokenize`) needs `Authorization: Bearer <key>` (401 `{\"error\":\"Unauthorized\"}` "
+                    "otherwise); `/health`, `/ping`, `/version` and `/metrics` stay open. Also read from `VLLM_API_KEY`. "
+                    "Empty (the default, as in vLLM): no key.")
 
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Hot cache tier shared by replicas (or redis+sentinel://host:26379,.../<service>/<db>); empty disables it.")
     redis_ttl_s: int = Field(0, ge=0, description="TTL of Redis entries (0 = none; rely on maxmemory + LRU).")
@@ -58,7 +67,7 @@ class EmbedderSettings(ServiceSettings):
             max_tokens=self.max_tokens, device=self.device, local_batch_tokens=self.local_batch_tokens,
             weights_id=self.weights_id, url=self.vllm_url, served_model=self.vllm_model,
             remote_batch_texts=self.vllm_batch_size, max_concurrency=self.vllm_max_concurrency,
-            timeout_s=self.vllm_timeout_s, retries=self.vllm_retries,
+            timeout_s=self.vllm_timeout_s, retries=self.vllm_retries, api_key=self.vllm_api_key.get_secret_value(),
         )
 
     @field_validator("redis_url")

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 from clm.cache import DiskTier, EmbeddingCache, RedisTier
 from clm.encoders.coalescing import CoalescingEncoder
-from clm.encoders.truncation import TokenCounter
+from clm.encoders.tokenizer import AnyTokenizer, TokenCountingEncoder, Tokenizer, VLLMTokenizer
 
 from .admission import AdmissionGate
 from .instrumented import InstrumentedBackend
@@ -22,17 +23,25 @@ class EmbedderState:
     cache: EmbeddingCache
     gate: AdmissionGate
     metrics: EmbedderMetrics
-    # Token counts for requests with truncate_prompt_tokens (None: no tokenizer here; clm.encoders.truncation).
-    token_counter: TokenCounter | None = None
+    # The model's tokenizer (counts, /tokenize, chat templates): its folder's, else the vLLM server's.
+    tokenizer: AnyTokenizer | None = None
+    started_at: float = field(default_factory=time.time)  # the model cards' `created`
 
     @classmethod
     def build(cls, settings: EmbedderSettings, metrics: EmbedderMetrics | None = None) -> "EmbedderState":
         metrics = metrics or EmbedderMetrics.create()
         spec = settings.encoder_spec()
         backend = InstrumentedBackend(spec.build(), metrics)
+        folder = spec.tokenizer_folder()
+        tokenizer: AnyTokenizer | None = Tokenizer(folder) if folder is not None else None
+        if tokenizer is None and spec.backend == "vllm":  # a hub model served by vLLM: ask vLLM
+            tokenizer = VLLMTokenizer(spec.url, served_model=spec.served_model or None, api_key=spec.api_key,
+                                      timeout_s=spec.timeout_s, max_concurrency=4 * spec.max_concurrency)
+        # vLLM reports one token total per request: each vector's own count comes from the tokenizer.
+        counted = TokenCountingEncoder(backend, tokenizer) if spec.is_remote and tokenizer is not None else backend
         # A local model computes one batch at a time; vLLM takes several requests at once.
         concurrency = spec.max_concurrency if spec.is_remote else 1
-        encoder = CoalescingEncoder(backend, window_ms=settings.coalesce_window_ms, max_concurrency=concurrency)
+        encoder = CoalescingEncoder(counted, window_ms=settings.coalesce_window_ms, max_concurrency=concurrency)
         redis = None
         if settings.redis_url:
             redis = RedisTier(settings.redis_url, maxmemory=settings.redis_maxmemory or None,
@@ -40,13 +49,11 @@ class EmbedderState:
         disk = DiskTier(settings.disk_cache_dir, map_size=int(settings.disk_cache_map_size_gb * 2**30))
         cache = EmbeddingCache(redis=redis, disk=disk, store_dtype=settings.cache_dtype,
                                redis_ttl_s=settings.redis_ttl_s or None, registry=metrics.registry)
-        folder = spec.tokenizer_folder()
         return cls(settings=settings, backend=backend, encoder=encoder, cache=cache,
-                   gate=AdmissionGate(settings.max_in_flight_requests), metrics=metrics,
-                   token_counter=TokenCounter(folder) if folder is not None else None)
+                   gate=AdmissionGate(settings.max_in_flight_requests), metrics=metrics, tokenizer=tokenizer)
 
     async def aclose(self) -> None:
         await self.cache.aclose()
         await self.encoder.aclose()
-        if self.token_counter is not None:
-            await self.token_counter.aclose()
+        if self.tokenizer is not None:
+            await self.tokenizer.aclose()

@@ -16,20 +16,26 @@ ASCII bytes; it is not the raw 32-byte digest. The 0x00 separator cannot occur
 in the hex digest, so no (fingerprint, text) pair can collide with another by
 shifting bytes between the two parts. The key is the raw 32-byte sha256 digest.
 
-Value: a 16-byte little-endian header followed by the raw little-endian vector::
+Value: a 20-byte little-endian header followed by the raw little-endian vector::
 
     offset size field
     0      4    magic      b"CLMV"
-    4      1    version    1
+    4      1    version    2 (1: the same without the token count; still read)
     5      1    dtype code 1 = float16, 2 = float32
     6      2    reserved   0 (a reader rejects non-zero: unknown future flags)
     8      4    dim        number of components (uint32)
-    12     4    checksum   crc32 of header bytes 0..11 followed by the payload
-    16     ...  payload    dim * itemsize bytes
+    12     4    tokens     the input's token count (uint32; 0xFFFFFFFF = not known, e.g. written by a
+                           backend that reports only a batch total)
+    16     4    checksum   crc32 of header bytes 0..15 followed by the payload
+    20     ...  payload    dim * itemsize bytes
 
-The checksum covers the header fields too, so a flipped dtype or dim byte is
-caught even when the length happens to stay consistent. The 16-byte header
-keeps the payload aligned for float32 reads.
+The token count rides with the vector so a cache hit answers vLLM's ``usage``
+(every input's tokens, cached or not) without tokenising anything. Version 1
+entries (16-byte header, no count) are still served: their count is "not known".
+
+The checksum covers the header fields too, so a flipped dtype, dim or count
+byte is caught even when the length happens to stay consistent. The header
+length is a multiple of 4, so the payload stays aligned for float32 reads.
 
 float16 storage (the default, half the space): every component is rounded to
 the nearest float16. For the unit-norm embeddings this cache holds, a
@@ -54,12 +60,13 @@ import numpy as np
 StoredDtype = Literal["float16", "float32"]
 
 MAGIC = b"CLMV"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 KEY_BYTES = 32
+UNKNOWN_TOKENS = 0xFFFFFFFF  # the token-count field of an entry whose count was not known
 
-_HEADER = struct.Struct("<4sBBHII")  # magic, version, dtype code, reserved, dim, crc32
-HEADER_BYTES = _HEADER.size  # 16
-_CHECKSUMMED_HEADER_BYTES = HEADER_BYTES - 4  # everything before the checksum field
+_HEADER = struct.Struct("<4sBBHIII")  # magic, version, dtype code, reserved, dim, tokens, crc32
+_HEADER_V1 = struct.Struct("<4sBBHII")  # magic, version, dtype code, reserved, dim, crc32 (no count)
+HEADER_BYTES = _HEADER.size  # 20
 
 _DTYPE_CODES: dict[str, int] = {"float16": 1, "float32": 2}
 _NUMPY_DTYPES: dict[int, np.dtype] = {1: np.dtype("<f2"), 2: np.dtype("<f4")}
@@ -80,8 +87,9 @@ def cache_key(fingerprint_digest: str, text: str) -> bytes:
     return hashlib.sha256(fingerprint_digest.encode("ascii") + b"\x00" + text_bytes).digest()
 
 
-def encode_vector(vector: np.ndarray, dtype: StoredDtype = "float16") -> bytes:
-    """Serialise one 1-D vector as header + little-endian payload in ``dtype``.
+def encode_vector(vector: np.ndarray, dtype: StoredDtype = "float16", tokens: int | None = None) -> bytes:
+    """Serialise one 1-D vector (and its input's token count, when known) as header + little-endian
+    payload in ``dtype``.
 
     Raises ValueError for a non-1-D or empty vector, non-finite values, or
     values that overflow the storage dtype: such a vector is a backend bug
@@ -99,27 +107,44 @@ def encode_vector(vector: np.ndarray, dtype: StoredDtype = "float16") -> bytes:
         if not np.isfinite(array).all():
             raise ValueError("vector has non-finite components (NaN or inf); refusing to cache it")
         raise ValueError(f"vector has components beyond the {dtype} range; store it as float32")
+    if tokens is not None and not 0 <= tokens < UNKNOWN_TOKENS:
+        raise ValueError(f"token count {tokens} is out of range")
     payload = stored.tobytes()
-    head = _HEADER.pack(MAGIC, FORMAT_VERSION, code, 0, array.shape[0], 0)[:_CHECKSUMMED_HEADER_BYTES]
+    count = UNKNOWN_TOKENS if tokens is None else tokens
+    head = _HEADER.pack(MAGIC, FORMAT_VERSION, code, 0, array.shape[0], count, 0)[:HEADER_BYTES - 4]
     checksum = zlib.crc32(payload, zlib.crc32(head))
     return head + struct.pack("<I", checksum) + payload
 
 
 def decode_vector(blob: bytes | bytearray | memoryview, expected_dim: int) -> np.ndarray:
-    """Parse and validate a value written by :func:`encode_vector`; returns a float32 copy.
+    """Parse and validate a value written by :func:`encode_vector`; returns a float32 copy."""
+    return decode_entry(blob, expected_dim)[0]
+
+
+def decode_entry(blob: bytes | bytearray | memoryview, expected_dim: int) -> tuple[np.ndarray, int | None]:
+    """The float32 vector and the token count (None: not known) of a value written by
+    :func:`encode_vector` (format version 2) or by version 1 (no count).
 
     Raises CorruptEntry on wrong magic, unknown version or dtype, non-zero
     reserved bits, a dim other than ``expected_dim``, a length that does not
     match the header, or a checksum mismatch.
     """
     data = bytes(blob)
-    if len(data) < HEADER_BYTES:
-        raise CorruptEntry(f"value is {len(data)} bytes, shorter than the {HEADER_BYTES}-byte header")
-    magic, version, code, reserved, dim, checksum = _HEADER.unpack_from(data)
+    if len(data) < _HEADER_V1.size:
+        raise CorruptEntry(f"value is {len(data)} bytes, shorter than the {_HEADER_V1.size}-byte header")
+    magic, version = data[:4], data[4]
     if magic != MAGIC:
         raise CorruptEntry(f"bad magic {magic!r} (expected {MAGIC!r})")
-    if version != FORMAT_VERSION:
-        raise CorruptEntry(f"unknown format version {version} (this reader knows {FORMAT_VERSION})")
+    if version == FORMAT_VERSION:
+        if len(data) < HEADER_BYTES:
+            raise CorruptEntry(f"value is {len(data)} bytes, shorter than the {HEADER_BYTES}-byte header")
+        _, _, code, reserved, dim, tokens, checksum = _HEADER.unpack_from(data)
+        header_bytes = HEADER_BYTES
+    elif version == 1:
+        _, _, code, reserved, dim, checksum = _HEADER_V1.unpack_from(data)
+        tokens, header_bytes = UNKNOWN_TOKENS, _HEADER_V1.size
+    else:
+        raise CorruptEntry(f"unknown format version {version} (this reader knows 1 and {FORMAT_VERSION})")
     if code not in _NUMPY_DTYPES:
         raise CorruptEntry(f"unknown dtype code {code}")
     if reserved != 0:
@@ -127,16 +152,15 @@ def decode_vector(blob: bytes | bytearray | memoryview, expected_dim: int) -> np
     if dim != expected_dim:
         raise CorruptEntry(f"vector dim {dim} does not match the encoder dim {expected_dim}")
     np_dtype = _NUMPY_DTYPES[code]
-    expected_len = HEADER_BYTES + dim * np_dtype.itemsize
+    expected_len = header_bytes + dim * np_dtype.itemsize
     if len(data) != expected_len:
         raise CorruptEntry(f"value is {len(data)} bytes, header says {expected_len} (torn or padded write)")
-    payload = memoryview(data)[HEADER_BYTES:]
-    actual = zlib.crc32(payload, zlib.crc32(memoryview(data)[:_CHECKSUMMED_HEADER_BYTES]))
+    payload = memoryview(data)[header_bytes:]
+    actual = zlib.crc32(payload, zlib.crc32(memoryview(data)[:header_bytes - 4]))
     if actual != checksum:
         raise CorruptEntry(f"checksum mismatch (stored {checksum:#010x}, computed {actual:#010x})")
     vector = np.frombuffer(payload, dtype=np_dtype).astype(np.float32)
     if not np.isfinite(vector).all():
         # A well-formed entry can still hold NaN/Inf (a writer bug, a hostile value): never serve it.
         raise CorruptEntry("vector holds non-finite values")
-    return vector
-
+    return vector, None if tokens == UNKNOWN_TOKENS else int(tokens)

@@ -52,6 +52,15 @@ class TierUnavailable(RuntimeError):
     """A cache tier cannot be reached right now; the caller should degrade, not fail."""
 
 
+DEFAULT_KEY_PREFIX = "clm:emb:"
+
+
+def redis_key(key: bytes, prefix: bytes | str = DEFAULT_KEY_PREFIX) -> bytes:
+    """The Redis key under which the 32-byte cache key ``key`` is stored (``prefix`` + its hex)."""
+    prefix = prefix.encode("utf-8") if isinstance(prefix, str) else prefix
+    return prefix + key.hex().encode("ascii")
+
+
 class RedisTier:
     """Batched async get/set/delete of opaque values in Redis, degrading to TierUnavailable."""
 
@@ -59,7 +68,7 @@ class RedisTier:
         self,
         url: str,
         *,
-        key_prefix: str = "clm:emb:",
+        key_prefix: str = DEFAULT_KEY_PREFIX,
         socket_timeout_s: float = 0.5,
         connect_timeout_s: float = 0.5,
         retry_interval_s: float = 1.0,
@@ -107,7 +116,7 @@ class RedisTier:
 
     def redis_key(self, key: bytes) -> bytes:
         """The Redis key under which the cache key ``key`` is stored."""
-        return self.key_prefix + key.hex().encode("ascii")
+        return redis_key(key, self.key_prefix)
 
     # ------------------------------------------------------------------ operations
 

@@ -24,6 +24,8 @@ class CacheResult:
     coalesced: int  # served by a concurrent call's in-flight lookup of the same text
     corrupt_dropped: int  # entries that failed validation, deleted and re-looked-up/re-encoded
     redis_available: bool  # False: Redis was skipped (down); the result came from disk + backend
+    # Each row's token count as cached beside its vector (None: not known, see clm.cache.codec).
+    token_counts: tuple[int | None, ...] = ()
 
     @property
     def unique_texts(self) -> int:

@@ -37,7 +37,7 @@ import lmdb
 import numpy as np
 from prometheus_client import CollectorRegistry
 
-from clm.cache.codec import CorruptEntry, StoredDtype, cache_key, decode_vector, encode_vector
+from clm.cache.codec import CorruptEntry, StoredDtype, cache_key, decode_entry, encode_vector
 from clm.cache.disk_tier import DiskTier, DiskTierFull
 from clm.cache.metrics import CacheMetrics, cache_metrics
 from clm.cache.redis_tier import RedisTier, TierUnavailable
@@ -54,7 +54,8 @@ _DISK_ERRORS = (lmdb.Error, DiskTierFull, OSError)
 class _Lookup:
     """The keys one call claimed, those still unresolved, and what the tiers yielded (unique texts)."""
 
-    futures: dict[bytes, asyncio.Future]  # claimed key -> the future every caller of that key awaits
+    # claimed key -> the future every caller of that key awaits: (vector, token count or None)
+    futures: dict[bytes, asyncio.Future]
     pending: dict[bytes, str]  # claimed key -> text, shrinking as tiers and the backend answer
     dim: int
     redis_hits: int = 0
@@ -63,8 +64,8 @@ class _Lookup:
     corrupt: int = 0
     prompt_tokens: int = 0
 
-    def resolve(self, key: bytes, vector: np.ndarray) -> None:
-        self.futures[key].set_result(vector)
+    def resolve(self, key: bytes, entry: tuple[np.ndarray, int | None]) -> None:
+        self.futures[key].set_result(entry)
         del self.pending[key]
 
     def refuse(self, key: bytes, error: EncoderInputError) -> None:
@@ -104,7 +105,7 @@ class EmbeddingCache:
         self.max_concurrent_batches = max_concurrent_batches
         self.metrics: CacheMetrics = cache_metrics(registry)
         self.totals = CacheTotals()
-        self._inflight: dict[bytes, asyncio.Future[np.ndarray]] = {}
+        self._inflight: dict[bytes, asyncio.Future[tuple[np.ndarray, int | None]]] = {}
         self._tasks: set[asyncio.Task] = set()
         self._disk_error: str | None = None
         self._closed = False
@@ -128,7 +129,7 @@ class EmbeddingCache:
 
         loop = asyncio.get_running_loop()
         claimed: dict[bytes, str] = {}
-        futures: dict[bytes, asyncio.Future[np.ndarray]] = {}
+        futures: dict[bytes, asyncio.Future[tuple[np.ndarray, int | None]]] = {}
         for key, text in unique.items():  # no await in this loop: claiming is atomic
             future = self._inflight.get(key)
             if future is None:
@@ -153,12 +154,14 @@ class EmbeddingCache:
             raise
 
         vectors = np.empty((len(texts), dim), dtype=np.float32)
+        counts: list[int | None] = []
         for row, key in enumerate(keys):
-            vectors[row] = rows[key]
+            vectors[row], count = rows[key]
+            counts.append(count)
         result = CacheResult(
             vectors=vectors, prompt_tokens=lookup.prompt_tokens, redis_hits=lookup.redis_hits,
             disk_hits=lookup.disk_hits, misses=lookup.misses, coalesced=len(unique) - len(lookup.futures),
-            corrupt_dropped=lookup.corrupt, redis_available=self.redis_available,
+            corrupt_dropped=lookup.corrupt, redis_available=self.redis_available, token_counts=tuple(counts),
         )
         self.metrics.coalesced.inc(result.coalesced)
         self.totals.add(result, len(texts))
@@ -271,12 +274,12 @@ class EmbeddingCache:
         hits, corrupt = 0, []
         for key, blob in blobs.items():
             try:
-                vector = decode_vector(blob, lookup.dim)
+                entry = decode_entry(blob, lookup.dim)
             except CorruptEntry as exc:
                 log.warning("dropping corrupt %s cache entry %s: %s", tier, key.hex(), exc)
                 corrupt.append(key)
                 continue
-            lookup.resolve(key, vector)
+            lookup.resolve(key, entry)
             hits += 1
         self.metrics.hits.labels(tier).inc(hits)
         self.metrics.corrupt.labels(tier).inc(len(corrupt))
@@ -329,16 +332,26 @@ class EmbeddingCache:
             self.metrics.backend_failures.inc()
             raise EncoderError(f"backend returned vectors of shape {vectors.shape} for {len(batch)} texts "
                                f"of dim {backend.dim}; nothing from this batch was cached")
+        counts = result.token_counts
+        if counts is not None and len(counts) != len(batch):
+            self.metrics.backend_failures.inc()
+            raise EncoderError(f"backend returned {len(counts)} token counts for {len(batch)} texts; "
+                               "nothing from this batch was cached")
         blobs: dict[bytes, bytes] = {}
-        for key, vector in zip(keys, vectors):
+        for row, (key, vector) in enumerate(zip(keys, vectors)):
+            count = None if counts is None else counts[row]
             try:
-                blobs[key] = encode_vector(vector, self.store_dtype)
-            except ValueError as exc:  # NaN/inf or out of float16 range: a backend defect
+                blobs[key] = encode_vector(vector, self.store_dtype, count)
+            except ValueError as exc:  # NaN/inf (a backend defect), or beyond float16's range
+                if self.store_dtype == "float16" and np.isfinite(vector).all():
+                    # an unnormalised vector (vLLM's use_activation=false) can exceed float16: keep it whole
+                    blobs[key] = encode_vector(vector, "float32", count)
+                    continue
                 self.metrics.backend_failures.inc()
                 raise EncoderError(f"backend returned an unstorable vector: {exc}") from exc
         for key in keys:
             # Serve exactly what the cache will serve next time (float16-rounded when stored so).
-            lookup.resolve(key, decode_vector(blobs[key], lookup.dim))
+            lookup.resolve(key, decode_entry(blobs[key], lookup.dim))
         self.metrics.prompt_tokens.inc(result.prompt_tokens)
         # Durable tier first: a crash between the two writes then leaves a disk-only entry (refilled
         # into Redis on its next hit), never a Redis-only one that a restart or eviction loses.

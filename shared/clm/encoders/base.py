@@ -57,6 +57,9 @@ class EncoderFingerprint:
 class EncodeResult:
     vectors: np.ndarray  # float32 [n, dim], rows in input order, L2-normalised when fingerprint.normalize
     prompt_tokens: int  # tokens actually encoded (for the OpenAI `usage` field)
+    # Each row's token count (cached beside its vector, so a hit answers `usage` without a tokenizer);
+    # None: this backend only knows the batch total (e.g. a vLLM server: its usage is per request).
+    token_counts: tuple[int, ...] | None = None
 
 
 class EncoderError(KindedError, RuntimeError):

@@ -13,9 +13,10 @@ A refused text (``EncoderInputError``) fails only the caller that sent it, with
 the index into *its* texts; an outage fails every caller of the batch, so the
 cache above never stores anything of it.
 
-A call may ask for its own truncation (``max_tokens``, the embedder's
-``truncate_prompt_tokens``): calls of one batch that ask for the same one are
-encoded together, one backend call per distinct value.
+A call may carry its own :class:`~clm.encoders.options.EncodeOptions` (the
+embedder's request fields: truncation, special tokens, token ids, ...): calls
+of one batch with equal options are encoded together, one backend call per
+distinct value.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from clm.encoders.base import EncodeResult, EncoderBackend, EncoderError
+from clm.encoders.options import EncodeOptions
 from clm.microbatch import MicroBatcher, split_tokens
 
 __all__ = ["CoalescingEncoder", "split_tokens"]
@@ -31,7 +33,7 @@ __all__ = ["CoalescingEncoder", "split_tokens"]
 
 class _Call(NamedTuple):
     texts: list[str]
-    max_tokens: int | None  # None: the backend's own truncation (fingerprint.max_tokens)
+    options: EncodeOptions | None  # None: the backend's own (not passed on)
 
 
 class CoalescingEncoder(MicroBatcher[_Call, EncodeResult]):
@@ -50,37 +52,40 @@ class CoalescingEncoder(MicroBatcher[_Call, EncodeResult]):
         self.dim = inner.dim
         self.max_batch_texts = self.max_items
 
-    async def encode(self, texts: list[str], max_tokens: int | None = None) -> EncodeResult:
-        """``max_tokens``: passed on to ``inner.encode`` (which must then take it); None: not passed."""
+    async def encode(self, texts: list[str], options: EncodeOptions | None = None) -> EncodeResult:
+        """``options``: passed on to ``inner.encode`` (which must then take it); None: not passed."""
         if not texts:
-            return await self._inner_encode([], max_tokens)
-        return await self.submit(_Call(list(texts), max_tokens))
+            return await self._inner_encode([], options)
+        return await self.submit(_Call(list(texts), options))
 
     def size_of(self, payload: _Call) -> int:
         return len(payload.texts)
 
     async def process(self, payloads: list[_Call]) -> list[EncodeResult]:
-        groups: dict[int | None, list[int]] = {}
+        groups: dict[EncodeOptions | None, list[int]] = {}
         for position, payload in enumerate(payloads):
-            groups.setdefault(payload.max_tokens, []).append(position)
+            groups.setdefault(payload.options, []).append(position)
         out: list[EncodeResult | None] = [None] * len(payloads)
-        for max_tokens, positions in groups.items():
+        for options, positions in groups.items():
             members = [payloads[p].texts for p in positions]
             texts = [text for member in members for text in member]
-            result = await self._inner_encode(texts, max_tokens)
+            result = await self._inner_encode(texts, options)
             if result.vectors.shape != (len(texts), self.dim):
                 raise EncoderError(f"encoder returned vectors of shape {result.vectors.shape} for {len(texts)} "
                                    f"texts of width {self.dim}")
+            counts = result.token_counts
             start = 0
             for position, member, tokens in zip(positions, members, split_tokens(result.prompt_tokens, members)):
-                out[position] = EncodeResult(vectors=result.vectors[start:start + len(member)], prompt_tokens=tokens)
+                rows = slice(start, start + len(member))
+                out[position] = EncodeResult(vectors=result.vectors[rows], prompt_tokens=tokens,
+                                             token_counts=None if counts is None else counts[rows])
                 start += len(member)
         return out  # type: ignore[return-value]
 
-    async def _inner_encode(self, texts: list[str], max_tokens: int | None) -> EncodeResult:
-        if max_tokens is None:
+    async def _inner_encode(self, texts: list[str], options: EncodeOptions | None) -> EncodeResult:
+        if options is None:
             return await self.inner.encode(texts)
-        return await self.inner.encode(texts, max_tokens=max_tokens)  # type: ignore[call-arg]
+        return await self.inner.encode(texts, options=options)  # type: ignore[call-arg]
 
     async def health(self) -> bool:
         return await self.inner.health()

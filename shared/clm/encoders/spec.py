@@ -92,6 +92,10 @@ def resolve_model_dir(model: str) -> tuple[Path, str]:
     )
 
 
+# The embedder's API key setting; its clients (a training job's `embedder` backend, clm-serve) send it too.
+EMBEDDER_API_KEY_ENV = "CLM_EMBEDDER_API_KEY"
+
+
 class EncoderSpec(BaseModel):
     """What to build. Settings map onto it (one function each); every field is part of one backend's build."""
 
@@ -116,6 +120,8 @@ class EncoderSpec(BaseModel):
     max_concurrency: int = Field(4, gt=0, description="HTTP requests in flight at once")
     timeout_s: float = Field(120.0, gt=0)
     retries: int = Field(3, ge=0, description="retries of one request on connection errors and 5xx")
+    api_key: str = Field("", repr=False, description="bearer token for a server started with an API key "
+                                                     "(vLLM's --api-key, the embedder's api_key); empty: none")
     # vllm
     served_model: str = ""  # empty: the server's only model
     weights_id: str = ""  # fingerprint weights when the model folder is not here to hash
@@ -139,12 +145,12 @@ class EncoderSpec(BaseModel):
     def identity(self, on_retry: RetryNotice | None = None) -> tuple[EncoderFingerprint, int]:
         """(fingerprint, dim) of what ``build()`` would give, without loading a model (the embedder is asked)."""
         if self.backend == "embedder":
-            return fetch_remote_identity(self.url, self.timeout_s, self.identity_retry_s, on_retry)
+            return fetch_remote_identity(self.url, self.timeout_s, self.identity_retry_s, on_retry, api_key=self.api_key)
         model_dir, name = self._model_dir()
         if model_dir is not None:
             check_max_tokens(model_dir, name, self.max_tokens)
             return self._folder_fingerprint(model_dir, name), model_hidden_size(model_dir)
-        return self._weights_id_fingerprint(), probe_dim(self.url, self.served_model)
+        return self._weights_id_fingerprint(), probe_dim(self.url, self.served_model, api_key=self.api_key)
 
     def build(self, on_retry: RetryNotice | None = None) -> EncoderBackend:
         """The encoder this spec describes (loads the model for ``local``: call it off the event loop)."""
@@ -156,12 +162,13 @@ class EncoderSpec(BaseModel):
         options: dict[str, Any] = dict(max_batch_texts=self.remote_batch_texts, max_concurrency=self.max_concurrency,
                                        timeout_s=self.timeout_s, retry_attempts=self.retries + 1)
         if self.backend == "embedder":
-            # Our embedder speaks plain OpenAI (it refuses vLLM-only fields) and truncates by itself; each
-            # answer must name the fingerprint asked above, so a model swapped mid-run fails (EncoderChanged).
-            options.update(openai_strict=True, embed_dtype=self.wire_dtype, require_digest_header=True)
+            # Our embedder speaks vLLM's request fields (truncate_prompt_tokens = the fingerprint's max_tokens
+            # is its own truncation); each answer must name the fingerprint asked above, so a model swapped
+            # mid-run fails (EncoderChanged).
+            options.update(embed_dtype=self.wire_dtype, require_digest_header=True)
         else:
             options.update(served_model=self.served_model or None)
-        return VLLMEncoder(self.url, fingerprint=fingerprint, dim=dim, **options)
+        return VLLMEncoder(self.url, fingerprint=fingerprint, dim=dim, api_key=self.api_key, **options)
 
     def tokenizer_folder(self) -> Path | None:
         """The model folder whose tokenizer turns texts into what this encoder sees (None: the embedder
@@ -219,13 +226,18 @@ class EncoderSpec(BaseModel):
 # ------------------------------------------------------------------ asking a server who it is
 
 
-def probe_dim(base_url: str, served_model: str = "", timeout_s: float = 30.0) -> int:
+def _auth(api_key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def probe_dim(base_url: str, served_model: str = "", timeout_s: float = 30.0, api_key: str = "") -> int:
     """Ask a running vLLM server how wide its vectors are (for models whose config is not here)."""
     payload: dict[str, Any] = {"input": ["dimension probe"]}
     if served_model:
         payload["model"] = served_model
     try:
-        response = httpx.post(f"{base_url.rstrip('/')}/v1/embeddings", json=payload, timeout=timeout_s)
+        response = httpx.post(f"{base_url.rstrip('/')}/v1/embeddings", json=payload, timeout=timeout_s,
+                              headers=_auth(api_key))
         response.raise_for_status()
         return len(response.json()["data"][0]["embedding"])
     except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
@@ -237,7 +249,7 @@ class EmbedderUnreachable(EncoderError):
 
 
 def fetch_remote_identity(url: str, timeout_s: float, retry_seconds: float = 0.0,
-                          on_retry: RetryNotice | None = None) -> tuple[EncoderFingerprint, int]:
+                          on_retry: RetryNotice | None = None, api_key: str = "") -> tuple[EncoderFingerprint, int]:
     """The (fingerprint, dim) an embedder reports at ``GET {url}/v1/encoder``.
 
     While the embedder is unreachable the call is retried with backoff for up
@@ -245,7 +257,7 @@ def fetch_remote_identity(url: str, timeout_s: float, retry_seconds: float = 0.0
     waits instead of failing; ``on_retry`` hears of every retry.
     """
     if retry_seconds <= 0:
-        return _fetch_identity_once(url, timeout_s)
+        return _fetch_identity_once(url, timeout_s, api_key)
 
     def announce(state: RetryCallState) -> None:
         error = state.outcome.exception() if state.outcome is not None else None
@@ -257,13 +269,13 @@ def fetch_remote_identity(url: str, timeout_s: float, retry_seconds: float = 0.0
 
     retrying = Retrying(stop=stop_after_delay(retry_seconds), wait=wait_exponential(multiplier=1, min=1, max=10),
                         retry=retry_if_exception_type(EmbedderUnreachable), before_sleep=announce, reraise=True)
-    return retrying(_fetch_identity_once, url, timeout_s)
+    return retrying(_fetch_identity_once, url, timeout_s, api_key)
 
 
-def _fetch_identity_once(url: str, timeout_s: float) -> tuple[EncoderFingerprint, int]:
+def _fetch_identity_once(url: str, timeout_s: float, api_key: str = "") -> tuple[EncoderFingerprint, int]:
     endpoint = f"{url.rstrip('/')}/v1/encoder"
     try:
-        response = httpx.get(endpoint, timeout=timeout_s)
+        response = httpx.get(endpoint, timeout=timeout_s, headers=_auth(api_key))
         if response.status_code >= 500:
             raise EmbedderUnreachable(f"the embedder at {endpoint} answered {response.status_code}")
         response.raise_for_status()

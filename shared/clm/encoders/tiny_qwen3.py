@@ -25,9 +25,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 # Bump when the build procedure changes in a way that changes the files.
-BUILDER_VERSION = "2"
+BUILDER_VERSION = "3"  # 3: a Qwen3-style (ChatML) chat template, for the embedder's chat inputs
 BUILD_MANIFEST = "clm-build.json"
 END_OF_TEXT = "<|endoftext|>"
+# Qwen3's chat layout (ChatML) without its tool and thinking branches: enough for chat-form embedding requests,
+# which vLLM renders with the model's template (continue_final_message is applied by transformers).
+CHAT_TEMPLATE = ("{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] "
+                 "+ '<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+                 "{%- endif %}")
 
 # A small built-in corpus for the byte-level BPE: enough of the project's domain
 # (alerts, tickets, decisions, JSON punctuation) that texts tokenize into
@@ -162,6 +167,7 @@ def _write_model_files(spec: TinyQwen3Spec, target: Path) -> None:
         padding_side="right",
         truncation_side="right",
     )
+    fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(target)
 
 

@@ -44,6 +44,7 @@ from clm.encoders.base import (
     EncoderInputError,
 )
 from clm.encoders.batching import batch_by_budget
+from clm.encoders.options import EncodeOptions, token_ids_of
 
 
 class _Refused(Exception):
@@ -112,6 +113,7 @@ class VLLMEncoder:
         openai_strict: bool = False,
         embed_dtype: str = "float32",
         require_digest_header: bool = False,
+        api_key: str = "",
     ) -> None:
         if embed_dtype not in _WIRE_DTYPES:
             raise ValueError(f"embed_dtype must be one of {sorted(_WIRE_DTYPES)}, got {embed_dtype!r}")
@@ -124,10 +126,9 @@ class VLLMEncoder:
         self.max_batch_chars = max_batch_chars
         # By default the request carries vLLM's own fields: truncate_prompt_tokens (vLLM cuts each
         # input to fingerprint.max_tokens with the tokenizer's truncation, special tokens kept,
-        # exactly like the local backend) and an explicit little-endian payload. openai_strict
-        # sends only OpenAI's fields, for servers that refuse others (the embedder service,
-        # which truncates by itself); against vLLM a too-long input is then refused
-        # (EncoderInputError) instead of truncated.
+        # exactly like the local backend), an explicit little-endian payload, and a request's own
+        # EncodeOptions. openai_strict sends only OpenAI's fields, for servers that refuse others;
+        # against vLLM a too-long input is then refused (EncoderInputError) instead of truncated.
         self.openai_strict = openai_strict
         self.require_digest_header = require_digest_header
         self.retry_attempts = retry_attempts
@@ -137,15 +138,18 @@ class VLLMEncoder:
             base_url=self.base_url,
             timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 5.0)),
             limits=httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency),
+            # vLLM's --api-key (and the embedder's): a bearer token; never logged (httpx logs no headers).
+            headers={"Authorization": f"Bearer {api_key}"} if api_key else None,
         )
 
     # ---- EncoderBackend -------------------------------------------------------------------
 
-    async def encode(self, texts: list[str], max_tokens: int | None = None) -> EncodeResult:
-        """``max_tokens``: the server cuts every text to that many tokens (``truncate_prompt_tokens``) instead
-        of ``fingerprint.max_tokens`` (at most that; ``clm.encoders.truncation``)."""
-        if max_tokens is not None and not 1 <= max_tokens <= self.fingerprint.max_tokens:
-            raise ValueError(f"max_tokens must be in 1..{self.fingerprint.max_tokens}, not {max_tokens}")
+    async def encode(self, texts: list[str], options: EncodeOptions | None = None) -> EncodeResult:
+        """``options``: a request's own vLLM fields (:mod:`clm.encoders.options`), sent on to the server.
+        The server reports one token total per request, so ``token_counts`` is None."""
+        options = (options or EncodeOptions()).effective(self.fingerprint)
+        if not 1 <= options.limit(self.fingerprint) <= self.fingerprint.max_tokens:
+            raise ValueError(f"max_tokens must be in 1..{self.fingerprint.max_tokens}, not {options.max_tokens}")
         texts = list(texts)
         if not texts:
             return EncodeResult(np.zeros((0, self.dim), dtype=np.float32), 0)
@@ -160,7 +164,7 @@ class VLLMEncoder:
         # gone, so the next request waited for a connection forever (a trainer job stuck in its
         # embedding phase after the embedder came back: tests/faults/test_faults_stack.py).
         failure = _FirstFailure()
-        outcomes = await asyncio.gather(*(self._encode_batch(texts, batch, max_tokens, failure) for batch in batches),
+        outcomes = await asyncio.gather(*(self._encode_batch(texts, batch, options, failure) for batch in batches),
                                         return_exceptions=True)
         if failure.error is not None:
             raise failure.error  # the batch that failed first, after all its attempts
@@ -185,16 +189,16 @@ class VLLMEncoder:
 
     # ---- one batch ------------------------------------------------------------------------
 
-    async def _encode_batch(self, texts: list[str], batch: list[int], max_tokens: int | None,
+    async def _encode_batch(self, texts: list[str], batch: list[int], options: EncodeOptions,
                             failure: "_FirstFailure") -> tuple[np.ndarray, int]:
         async with self._slots:
             if failure.event.is_set():  # a sibling batch failed for good: the call fails, this one need not run
                 raise _Skipped()
             try:
-                return await self._post_with_retries([texts[i] for i in batch], max_tokens, give_up=failure.event)
+                return await self._post_with_retries([texts[i] for i in batch], options, give_up=failure.event)
             except _Refused as refused:
                 first = failure.claim()
-                error: BaseException = await self._locate_refused_input(texts, batch, refused, max_tokens)
+                error: BaseException = await self._locate_refused_input(texts, batch, refused, options)
                 if first:
                     failure.error = error
                 raise error from None
@@ -203,7 +207,7 @@ class VLLMEncoder:
                     failure.error = error
                 raise
 
-    async def _post_with_retries(self, inputs: list[str], max_tokens: int | None = None,
+    async def _post_with_retries(self, inputs: list[str], options: EncodeOptions = EncodeOptions(),
                                  give_up: asyncio.Event | None = None) -> tuple[np.ndarray, int]:
         """``give_up``: once set (a sibling batch of the same call failed for good), no further attempt."""
         stop = stop_after_attempt(self.retry_attempts)
@@ -215,7 +219,7 @@ class VLLMEncoder:
                                                reraise=True):
                 with attempt:
                     attempts += 1
-                    return await self._post_once(inputs, max_tokens)
+                    return await self._post_once(inputs, options)
         except (httpx.HTTPStatusError, httpx.TransportError) as exc:
             raise EncoderError(
                 f"vLLM at {self.base_url} failed {attempts} attempts to embed "
@@ -223,22 +227,36 @@ class VLLMEncoder:
             ) from exc
         raise AssertionError("unreachable: tenacity either returns or reraises")
 
-    async def _post_once(self, inputs: list[str], max_tokens: int | None = None) -> tuple[np.ndarray, int]:
-        payload: dict[str, Any] = {"input": inputs, "encoding_format": "base64", "embed_dtype": self.embed_dtype}
+    def _payload(self, inputs: list[str], options: EncodeOptions) -> dict[str, Any]:
+        payload: dict[str, Any] = {
+            "input": [token_ids_of(key) for key in inputs] if options.token_ids else inputs,
+            "encoding_format": "base64", "embed_dtype": self.embed_dtype}
         if self.served_model:
             payload["model"] = self.served_model
-        if not self.openai_strict:
-            payload["endianness"] = "little"
-            payload["truncate_prompt_tokens"] = self.fingerprint.max_tokens if max_tokens is None else max_tokens
-        elif max_tokens is not None:  # asked for explicitly: our embedder takes it too
-            payload["truncate_prompt_tokens"] = max_tokens
+        if self.openai_strict:
+            return payload
+        payload["endianness"] = "little"
+        payload["truncate_prompt_tokens"] = options.limit(self.fingerprint)
+        if options.truncation_side is not None:
+            payload["truncation_side"] = options.truncation_side
+        if not options.add_special_tokens:
+            payload["add_special_tokens"] = False
+        if options.pad_to_max:
+            payload["padding"] = "max_length"
+        if options.normalize is not None:
+            payload["use_activation"] = options.normalize
+        return payload
+
+    async def _post_once(self, inputs: list[str], options: EncodeOptions = EncodeOptions()) -> tuple[np.ndarray, int]:
+        payload = self._payload(inputs, options)
         response = await self._client.post("/v1/embeddings", json=payload)
         if response.status_code >= 500:
             response.raise_for_status()  # HTTPStatusError: transient, retried
         if response.status_code >= 400:
             raise _Refused(response.status_code, _error_detail(response))
         self._check_encoder(response)
-        return self._decode(response, len(inputs))
+        normalize = self.fingerprint.normalize if options.normalize is None else options.normalize
+        return self._decode(response, len(inputs), normalize)
 
     def _check_encoder(self, response: httpx.Response) -> None:
         """Refuse vectors computed by another encoder than ``self.fingerprint`` (checked on every response)."""
@@ -251,7 +269,7 @@ class VLLMEncoder:
         if digest != self.fingerprint.digest:
             raise EncoderChanged(self.base_url, expected=self.fingerprint.digest, got=digest)
 
-    def _decode(self, response: httpx.Response, expected: int) -> tuple[np.ndarray, int]:
+    def _decode(self, response: httpx.Response, expected: int, normalize: bool) -> tuple[np.ndarray, int]:
         try:
             body = response.json()
             rows = sorted(body["data"], key=lambda item: item["index"])
@@ -265,7 +283,7 @@ class VLLMEncoder:
                 f"{self.dim}: is it serving the model named by this fingerprint ({self.fingerprint.model})?"
             )
         tolerance = 1e-3 if self.embed_dtype == "float32" else 5e-3  # float16 rounds each component
-        if self.fingerprint.normalize and not np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=tolerance):
+        if normalize and not np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=tolerance):
             raise EncoderError(
                 f"vLLM at {self.base_url} returned vectors that are not L2-normalised; start it with "
                 f'--pooler-config \'{{"use_activation": true, ...}}\''
@@ -273,14 +291,14 @@ class VLLMEncoder:
         return vectors.astype(np.float32, copy=False), prompt_tokens
 
     async def _locate_refused_input(self, texts: list[str], batch: list[int], refused: _Refused,
-                                    max_tokens: int | None = None) -> EncoderInputError:
+                                    options: EncodeOptions) -> EncoderInputError:
         """Bisect a refused batch down to one input, so the error names which input is at fault."""
         suspects, last = batch, refused
         while len(suspects) > 1:
             half = len(suspects) // 2
             for part in (suspects[:half], suspects[half:]):
                 try:
-                    await self._post_with_retries([texts[i] for i in part], max_tokens)
+                    await self._post_with_retries([texts[i] for i in part], options)
                 except _Refused as exc:
                     suspects, last = part, exc
                     break

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from clm.checkpoint.compat import AssumedEncoder
 from clm.decision.config import DecisionLossConfig
 from clm.decision.errors import DecisionLossConfigError
-from clm.encoders.spec import DEFAULT_ENCODER_MAX_TOKENS, DEFAULT_ENCODER_MODEL, DEFAULT_ENCODER_POOLING, EncoderSpec
+from clm.encoders.spec import EMBEDDER_API_KEY_ENV, DEFAULT_ENCODER_MAX_TOKENS, DEFAULT_ENCODER_MODEL, DEFAULT_ENCODER_POOLING, EncoderSpec
 from clm.errors import BAD_INPUT, KindedError
 from clm.heads import HeadConfig
 from clm.recipes.overrides import OverrideError, apply_overrides, parse_overrides
@@ -132,6 +132,8 @@ class EncoderConfig(_Section):
             dtype=self.dtype, max_tokens=self.max_tokens, device=device or self.device,
             local_batch_texts=self.batch_size, url=self.embedder_url or "", remote_batch_texts=self.batch_size,
             max_concurrency=self.concurrency, timeout_s=self.timeout_s, identity_retry_s=self.retry_seconds,
+            # A secret never belongs in a recipe (job configs are stored): the key comes from the environment.
+            api_key=os.environ.get(EMBEDDER_API_KEY_ENV, "") if self.backend == "embedder" else "",
         )
 
 

@@ -31,7 +31,9 @@ IGNORE_INDEX = -100
 
 # A question with one option has a softmax that is always 1: nothing to learn
 # or decide, and almost certainly a data mistake.
-MIN_OPTIONS = 2
+MIN_OPTIONS = 2  # score levels: an ordered scale needs two
+# A choice may have one option: vLLM and the upstream CLM answer it with probability 1 (nothing to rank).
+MIN_CHOICE_OPTIONS = 1
 
 NonEmptyStr = Annotated[StrictStr, Field(min_length=1)]
 
@@ -145,8 +147,8 @@ class ChoiceQuestion(_Question):
     @field_validator("criteria")
     @classmethod
     def _enough_options(cls, criteria: dict[str, JsonValue]) -> dict[str, JsonValue]:
-        if len(criteria) < MIN_OPTIONS:
-            raise ValueError(f"a choice question needs at least {MIN_OPTIONS} options, got {len(criteria)}")
+        if len(criteria) < MIN_CHOICE_OPTIONS:
+            raise ValueError(f"a choice question needs at least {MIN_CHOICE_OPTIONS} option, got {len(criteria)}")
         return criteria
 
     def option_ids(self) -> tuple[str, ...]:
