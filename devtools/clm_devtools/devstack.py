@@ -102,5 +102,5 @@ def start_serve(log_dir: Path, *, checkpoint_root: Path, heads_name: str, embedd
            # the in-process encoder (no embedder_url): the CPU example's, unless extra_env names another
            "CLM_SERVE_ENCODER_MODEL": CPU_EXAMPLE_MODEL, "CLM_SERVE_ENCODER_POOLING": CPU_EXAMPLE_POOLING,
            "CLM_SERVE_ENCODER_MAX_TOKENS": str(CPU_EXAMPLE_MAX_TOKENS), **(extra_env or {})}
-    # /health is 503 until heads are loaded; readiness of the process is /v1/heads.
-    return _start("clm-serve", [_script("clm-serve")], env, log_dir, port, "/v1/heads")
+    # /health is 503 until heads are loaded; readiness of the process is /metrics (open with an API key too).
+    return _start("clm-serve", [_script("clm-serve")], env, log_dir, port, "/metrics")

@@ -2,9 +2,9 @@
 
 The mutating routes are taken from each service's own OpenAPI schema (every
 POST/PUT/PATCH/DELETE), so a route added later is covered without editing
-this file. Exempt by design: clm-serve's ``POST /v1/systemone`` and the
-embedder's ``POST /v1/embeddings`` (inference, no state change; the embedder
-has no token setting). Then a real job runs to the end on a real worker and
+this file. Exempt by design: clm-serve's ``POST /v1/systemone`` and
+``POST /v1/rank`` and the embedder's ``POST /v1/embeddings`` (inference, no
+state change: they are guarded by the API key instead, below). Then a real job runs to the end on a real worker and
 clm-serve reloads with the admin token, and the tokens are searched for in
 every log file, job object, event, report, Redis value and checkpoint file.
 """
@@ -20,13 +20,15 @@ import redis
 
 from clm_devtools.procs import start_redis, wait_for_log
 
-from support.serve import start_serve_with_heads
+from support.faults import Serve
+from support.serve import HEADS_NAME, MAX_TOKENS, publish, start_serve_with_heads, tiny_fingerprint
 from support.trainer import TrainerStack, is_terminal, recipe_config, wait_job, write_data
 
 
 TRAINER_TOKEN = "auth-trainer-token-6e0b2d91"
 ADMIN_TOKEN = "auth-admin-token-a47c3f08"
-EXEMPT = {("POST", "/v1/systemone"), ("POST", "/v1/embeddings")}
+EXEMPT = {("POST", "/v1/systemone"), ("POST", "/v1/rank"), ("POST", "/v1/embeddings")}
+SERVE_API_KEYS = ("auth-serve-key-1f93c2aa", "auth-serve-key-second-7d01")
 MUTATING = {"post", "put", "patch", "delete"}
 
 
@@ -195,3 +197,66 @@ def test_tokens_never_appear_in_logs_jobs_events_or_files(fault_report, services
     fault_report.check("job status", job["status"])
     fault_report.check("token occurrences", len(leaks))
     assert leaks == [], leaks
+
+
+def test_serve_api_key_guards_every_v1_route_and_never_leaks(fault_report, tmp_path, tiny_qwen3_dir):
+    """Auth: clm-serve with CLM_SERVE_API_KEY (two keys): every /v1/* route of its OpenAPI schema refuses a
+    missing or wrong key with a 401 both vLLM's and upstream's clients parse; /health, /metrics and / stay open;
+    the admin token and the API key open only their own routes; no key appears in the log or any answer."""
+    # support.faults.Serve waits on the open /health (the devstack's launcher waits on /v1/heads, now guarded)
+    publish(tmp_path / "checkpoints", 1, tiny_fingerprint(tiny_qwen3_dir))
+    serve = Serve(tmp_path / "logs", tmp_path / "checkpoints", HEADS_NAME, "")
+    serve.env.update({"CLM_SERVE_ENCODER_MODEL": str(tiny_qwen3_dir), "CLM_SERVE_ENCODER_MAX_TOKENS": str(MAX_TOKENS),
+                      "CLM_SERVE_API_KEY": ",".join(SERVE_API_KEYS), "CLM_SERVE_ADMIN_TOKEN": ADMIN_TOKEN,
+                      "CLM_SERVE_LOG_LEVEL": "debug"})
+    serve.start()
+    try:
+        key = SERVE_API_KEYS[1]
+        schema = httpx.get(f"{serve.url}/openapi.json", timeout=10).json()
+        routes = [(method.upper(), path) for path, item in schema["paths"].items() for method in item
+                  if path.startswith("/v1")]
+        assert {("POST", "/v1/systemone"), ("POST", "/v1/rank"), ("GET", "/v1/models"), ("GET", "/v1/heads")} <= \
+            set(routes)
+        bodies = {"/v1/systemone": {"state": "x", "questions": {"q": {"type": "noul", "instructions": "ok?"}}},
+                  "/v1/rank": {"context": "x", "question": "which?", "answers": ["a", "b"]}}
+        attempts = {**{name: headers for name, (headers, _) in _attempts(key).items()},
+                    "admin token": {"Authorization": f"Bearer {ADMIN_TOKEN}"},
+                    "lowercase scheme, wrong key": {"Authorization": "bearer nope"}}
+        texts, refused = [], 0
+        with httpx.Client(timeout=30) as client:
+            for method, path in routes:
+                for attempt, headers in attempts.items():
+                    response = client.request(method, serve.url + path, json=bodies.get(path), headers=headers)
+                    assert response.status_code == 401, (method, path, attempt, response.text)
+                    body = response.json()
+                    assert body["detail"] == "invalid API key" and body["error"]["code"] == 401, body
+                    assert "www-authenticate" not in response.headers
+                    texts.append(response.text)
+                    refused += 1
+                for good in SERVE_API_KEYS:
+                    allowed = client.request(method, serve.url + path, json=bodies.get(path),
+                                             headers={"Authorization": f"Bearer {good}"})
+                    assert allowed.status_code == 200, (method, path, allowed.text)
+                    texts.append(allowed.text)
+            allowed = client.post(f"{serve.url}/v1/rank", json=bodies["/v1/rank"],
+                                  headers={"Authorization": f"BEARER {key}"})  # the scheme is case-insensitive
+            assert allowed.status_code == 200
+            for path in ("/health", "/metrics", "/"):
+                response = client.get(serve.url + path)
+                assert response.status_code == 200, path
+                texts.append(response.text)
+            # the admin route has its own token: the API key is a wrong token there, and it needs no API key
+            assert client.post(f"{serve.url}/admin/reload",
+                               headers={"Authorization": f"Bearer {key}"}).status_code == 403
+            assert client.post(f"{serve.url}/admin/reload",
+                               headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}).status_code == 200
+        wait_for_log(serve.process, 'POST /admin/reload HTTP/1.1" 200')
+        log_text = "\n".join(p.read_text(errors="replace") for p in (tmp_path / "logs").rglob("*.log"))
+        assert '"GET /v1/models HTTP/1.1" 401' in log_text  # the refusals were logged, the keys were not
+        leaks = [k for k in SERVE_API_KEYS for text in [log_text, *texts] if k in text]
+        fault_report.check("guarded /v1 routes", ", ".join(f"{m} {p}" for m, p in routes))
+        fault_report.check("refused", refused)
+        fault_report.check("key occurrences", len(leaks))
+        assert leaks == []
+    finally:
+        serve.stop()

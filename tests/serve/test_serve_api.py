@@ -48,7 +48,10 @@ async def test_answers_have_vllms_shape_field_by_field(tmp_path, tiny_model_dir,
         assert set(choice) == {"type", "choice", "probabilities", "confidence"} and choice["type"] == "choice"
         assert list(choice["probabilities"]) == ["benign", "suspicious", "malicious"]
         assert choice["choice"] == max(choice["probabilities"], key=choice["probabilities"].get)
-        assert choice["confidence"] == max(choice["probabilities"].values())
+        # upstream's (TypeSafe's) confidence: top minus the mean of the rest; vLLM's is diagnostics.top_probability
+        top, *rest = sorted(choice["probabilities"].values(), reverse=True)
+        assert choice["confidence"] == pytest.approx(top - sum(rest) / len(rest))
+        assert body["diagnostics"]["disposition"]["top_probability"] == top
 
         noul = body["answers"]["escalate"]
         assert set(noul) == {"type", "noul", "probabilities", "confidence"} and noul["type"] == "noul"
@@ -61,8 +64,12 @@ async def test_answers_have_vllms_shape_field_by_field(tmp_path, tiny_model_dir,
 
         for answer in body["answers"].values():
             assert sum(answer["probabilities"].values()) == pytest.approx(1.0, abs=1e-6)
-        assert body["diagnostics"] == {qid: {"label_mass": 1.0, "argmax_is_label": True} for qid in body["answers"]}
+        assert body["diagnostics"] == {
+            qid: {"label_mass": 1.0, "argmax_is_label": True, "ignored": [],
+                  "top_probability": max(body["answers"][qid]["probabilities"].values())} for qid in body["answers"]}
         assert body["usage"]["input_tokens"] > 0 and body["usage"]["output_tokens"] == 0
+        assert body["usage"]["billing_units"] == 3
+        assert float(response.headers["X-CLM-Latency-Ms"]) >= 0
 
         # A request_id that cannot be a header value (here a trailing newline) stays in the body only.
         response = await client.post("/v1/systemone", json={**TRIAGE_REQUEST, "request_id": "d\n"})
@@ -81,11 +88,8 @@ async def test_invalid_requests_get_vllms_400(tmp_path, tiny_model_dir, tiny_enc
 
     cases = [
         (variant(q={"type": "multiple", "criteria": ["a", "b"]}), "unknown question type 'multiple'"),
-        (variant(q={"type": "score", "criteria": ["low", "high", "low"]}), "question 'q': duplicate option names"),
         (variant(q={"type": "score", "criteria": ["only"]}), "score criteria must be an ordered list of levels"),
         (variant(), "questions: needs at least one question"),
-        (variant(q={"type": "noul", "criterias": {"true": "x"}}), "question 'q': unknown field(s) ['criterias']"),
-        (variant(q={"type": "noul", "criteria": {"yes": "x"}}), "noul criteria must be an object with true and false"),
         (variant(q={"type": "choice", "criteria": ["a", "b"]}), "choice criteria must map option names"),
         ({**variant(q={"type": "noul"}), "images": ["https://x/y.png"]}, "does not take image inputs"),
         ({**variant(q={"type": "noul"}), "audio": ["data:audio/wav;base64,AAAA"]}, "does not take audio inputs"),
@@ -103,10 +107,10 @@ async def test_invalid_requests_get_vllms_400(tmp_path, tiny_model_dir, tiny_enc
         response = await client.post("/v1/systemone", content=infinite, headers={"content-type": "application/json"})
         assert_vllm_error(response, 400, schemas, "state.x[1].y")
         error = assert_vllm_error(await client.post("/v1/systemone", json={**TRIAGE_REQUEST, "model": "gpt-4"}),
-                                  404, schemas, "The model `gpt-4` does not exist. Valid aliases: clm.")
+                                  404, schemas, "The model `gpt-4` does not exist. Valid aliases: clm-latest, clm, clm-raw.")
         assert error["type"] == "NotFoundError" and error["param"] == "model"
         # Unknown top-level fields are ignored, as by vLLM's OpenAI models (extra="allow").
-        assert (await client.post("/v1/systemone", json={**TRIAGE_REQUEST, "temperature": 0})).status_code == 200
+        assert (await client.post("/v1/systemone", json={**TRIAGE_REQUEST, "top_k": 0})).status_code == 200
         # What a valid state is, decided once (clm.records.model.checked_state) and as vLLM decides it:
         # an empty state text is one vLLM's schema takes, so clm-serve and the records loader take it too.
         import jsonschema
@@ -375,3 +379,15 @@ async def test_options_seen_in_training_are_projected_before_the_first_request(t
         metrics = (await client.get("/metrics")).text
         assert _metric(metrics, "clm_serve_action_cache_misses_total") == 0
         assert _metric(metrics, "clm_serve_action_cache_hits_total") == 10
+
+
+async def test_a_one_option_choice_is_answered_with_probability_one(tmp_path, tiny_model_dir, tiny_encoder, fingerprint):
+    """vLLM's structured-decisions tests and the upstream CLM answer a one-option choice: probability 1."""
+    publish(tmp_path / "checkpoints", 1, fingerprint)
+    async with serve_in_process(serve_settings(tmp_path, tiny_model_dir), tiny_encoder) as (client, _):
+        body = {"state": "a single path forward",
+                "questions": {"only": {"type": "choice", "criteria": {"proceed": "the one option"}}}}
+        response = await client.post("/v1/systemone", json=body)
+        assert response.status_code == 200, response.text
+        answer = response.json()["answers"]["only"]
+        assert (answer["choice"], answer["probabilities"], answer["confidence"]) == ("proceed", {"proceed": 1.0}, 1.0)

@@ -13,14 +13,15 @@ import pytest
 
 from clm.texts import option_texts
 from clm_serve.protocol import StructuredDecisionRequest, StructuredDecisionResponse
-from clm_serve.question_types import StructuredDecisionError, build_question
+from clm_serve.question_types import StructuredDecisionError, build_question, typesafe_confidence
 from support.serve import DATA
 
 
 def test_request_model_has_vllms_fields_and_defaults(schemas):
     theirs = schemas["structured_decision_request"]["properties"]
     ours = StructuredDecisionRequest.model_json_schema()["properties"]
-    assert set(ours) == set(theirs)
+    assert set(ours) == set(theirs) | {"temperature"}  # upstream contrastive-lm's, the one addition
+    assert ours["temperature"]["default"] == 1.0
     assert set(StructuredDecisionRequest.model_json_schema()["required"]) == set(
         schemas["structured_decision_request"]["required"])
     for name, field in theirs.items():
@@ -35,8 +36,9 @@ def test_response_model_has_vllms_fields(schemas):
     theirs = schemas["structured_decision_response"]
     ours = StructuredDecisionResponse.model_json_schema()
     assert set(ours["properties"]) == set(theirs["properties"]) and ours["required"] == theirs["required"]
-    for name in ("DecisionUsage", "QuestionDiagnostics"):
-        assert set(ours["$defs"][name]["properties"]) == set(theirs["$defs"][name]["properties"])
+    additions = {"DecisionUsage": {"billing_units"}, "QuestionDiagnostics": {"top_probability", "ignored"}}
+    for name, added in additions.items():
+        assert set(ours["$defs"][name]["properties"]) == set(theirs["$defs"][name]["properties"]) | added
 
 
 @pytest.mark.parametrize("case", json.loads((DATA / "vllm_answers.json").read_text())["cases"],
@@ -46,18 +48,19 @@ def test_answers_equal_vllms_value_by_value(case):
     # vLLM lists a noul's probabilities as (yes, no); a CLM scores upstream's order (false, true) = (no, yes).
     probs = case["probs"][::-1] if case["type"] == "noul" else case["probs"]
     assert question.option_ids == (("no", "yes") if case["type"] == "noul" else question.option_ids)
-    assert question.type.answer(question, probs, case["label_mass"]) == case["answer"]
+    answer = question.type.answer(question, probs, case["label_mass"])
+    expected = dict(case["answer"])
+    if case["type"] != "noul":  # upstream's (TypeSafe's) confidence for choice and score; a noul's is vLLM's
+        expected["confidence"] = typesafe_confidence(probs) * case["label_mass"]
+    assert answer == expected
 
 
 @pytest.mark.parametrize(("type_name", "criteria", "message"), [
     ("poll", None, "unknown question type 'poll'; supported: ['choice', 'noul', 'score']"),
     ("choice", {}, "question 'q': choice criteria must map option names to a description or null"),
     ("choice", ["a", "b"], "question 'q': choice criteria must map option names to a description or null"),
-    ("noul", {"true": "x", "maybe": "y"}, "question 'q': noul criteria must be an object with true and false"),
     ("score", ["one"], "question 'q': score criteria must be an ordered list of levels"),
     ("score", "low,high", "question 'q': score criteria must be an ordered list of levels"),
-    ("score", ["low", "low"], "question 'q': duplicate option names"),
-    ("score", ["a", "b", "c"] * 30, "question 'q': duplicate option names"),
 ])
 def test_refusals_carry_vllms_messages(type_name, criteria, message):
     with pytest.raises(StructuredDecisionError) as error:
@@ -65,9 +68,14 @@ def test_refusals_carry_vllms_messages(type_name, criteria, message):
     assert str(error.value) == message
 
 
+def test_a_one_option_choice_is_answered_with_probability_one():
+    """vLLM and the upstream CLM answer it (nothing to rank): probability 1, confidence 1."""
+    question = build_question("q", "choice", "", {"only": "the one way"}, max_options=64)
+    answer = question.type.answer(question, [1.0], 1.0)
+    assert (answer["choice"], answer["probabilities"], answer["confidence"]) == ("only", {"only": 1.0}, 1.0)
+
+
 def test_refusals_of_the_text_contract_name_the_question():
-    with pytest.raises(StructuredDecisionError, match="question 'q': .*at least 2 options"):
-        build_question("q", "choice", "", {"only": None}, max_options=64)
     with pytest.raises(StructuredDecisionError, match="question 'q': at most 3 options for this model"):
         build_question("q", "score", "", ["a", "b", "c", "d"], max_options=3)
 
@@ -84,3 +92,34 @@ def test_option_texts_are_the_text_contracts():
     assert build_question("e", "noul", None, None, 64).option_texts == ("false: false", "true: true")
     score = build_question("s", "score", "", ["none", "low", "high"], 64)
     assert score.option_texts == ("none", "low", "high") and score.type_id == 2
+
+
+@pytest.mark.parametrize(("probs", "expected"), [
+    ([1.0], 1.0), ([0.5, 0.5], 0.0), ([0.7, 0.2, 0.1], 0.7 - 0.15), ([0.1, 0.9], 0.8), ([0.34, 0.33, 0.33], 0.01),
+])
+def test_confidence_is_upstreams_typesafe_confidence(probs, expected):
+    assert typesafe_confidence(probs) == pytest.approx(expected)
+
+
+def test_what_vllm_refuses_and_upstream_answers_is_answered():
+    """Where vLLM refuses and the upstream CLM answers, a CLM answers (upstream's texts), naming what it ignored."""
+    upstream_candidates = [  # upstream's clm.schema.candidates of each question (pinned from its code)
+        ("score", ["low", "low", "high"], ("low", "low", "high")),
+        ("score", ["low", "0"], ("low", "0")),
+        ("score", [1, {"a": "b"}], ("1", "a: b")),
+    ]
+    for type_name, levels, texts in upstream_candidates:
+        question = build_question("", type_name, "How bad?", list(levels), max_options=255)
+        assert question.option_texts == texts and question.option_ids == tuple(str(i) for i in range(len(levels)))
+        answer = question.type.answer(question, [1 / len(levels)] * len(levels), 1.0)
+        assert answer["legend"] == dict(zip(map(str, range(len(texts))), texts))
+    noul = build_question("q", "noul", "Act?", {"true": "act now", "maybe": "y"}, max_options=255)
+    assert noul.option_texts == ("false: No. This is false: Act?", "true: act now")
+    assert noul.ignored == ("criteria.maybe",)
+    assert build_question("q", "noul", "Act?", ["x"], 255).option_texts == (
+        "false: No. This is false: Act?", "true: Yes. This is true: Act?")
+    assert build_question("q", "noul", "Act?", ["x"], 255).ignored == ("criteria",)
+    assert build_question("q", "choice", None, {"": None, "b": "bee"}, 255).option_texts == ("", "bee")
+    assert len(build_question("q", "choice", None, {str(i): f"o{i}" for i in range(255)}, 255).option_ids) == 255
+    with pytest.raises(StructuredDecisionError, match="at most 255 options"):
+        build_question("q", "choice", None, {str(i): f"o{i}" for i in range(256)}, 255)

@@ -50,13 +50,34 @@ class DecisionEngine:
         self.batcher = batcher
         self.round_to = round_to
 
-    async def decide(self, heads: LoadedHeads, questions: Sequence[Question], state_texts: Sequence[str]) -> Decision:
-        """Probabilities of every question, all computed by ``heads`` (captured once by the caller)."""
+    async def decide(self, heads: LoadedHeads, questions: Sequence[Question], state_texts: Sequence[str],
+                     *, temperature: float = 1.0) -> Decision:
+        """Probabilities of every question, all computed by ``heads`` (captured once by the caller);
+        ``temperature`` divides the logits (``scale x cosine / temperature``), as upstream's."""
         (state_vectors, tokens), actions = await asyncio.gather(
             self._encode_states(list(state_texts)), self._action_matrices(heads, questions)
         )
         state_proj = await self.batcher.project_states(heads, state_vectors)
-        probs = [heads.option_probabilities(state_proj[i], actions[i]) for i in range(len(questions))]
+        probs = [heads.option_probabilities(state_proj[i], actions[i], temperature) for i in range(len(questions))]
+        return Decision(probs=probs, input_tokens=tokens)
+
+    async def decide_raw(self, questions: Sequence[Question], state_texts: Sequence[str], *,
+                         temperature: float = 1.0, scale: float = 100.0) -> Decision:
+        """Upstream's ``clm-raw``: no heads, ``scale x cosine`` of the L2-normalised encoder vectors of the same
+        state and option texts (the option vectors from the shared option store), then the softmax."""
+        texts = [text for q in questions for text in q.option_texts]
+        (state_vectors, tokens), option_vectors = await asyncio.gather(
+            self._encode_states(list(state_texts)), self.options.get(texts)
+        )
+        states = _unit(torch.from_numpy(np.ascontiguousarray(state_vectors)))
+        options = _unit(torch.from_numpy(np.ascontiguousarray(option_vectors)))
+        probs, offset = [], 0
+        for i, question in enumerate(questions):
+            count = len(question.option_texts)
+            with torch.inference_mode():
+                logits = scale * (options[offset : offset + count] @ states[i]) / temperature
+                probs.append(torch.softmax(logits.float(), dim=-1).tolist())
+            offset += count
         return Decision(probs=probs, input_tokens=tokens)
 
     async def _encode_states(self, texts: list[str]) -> tuple[np.ndarray, int]:
@@ -91,3 +112,8 @@ class DecisionEngine:
             projected = await asyncio.to_thread(heads.project_actions, torch.from_numpy(embeddings))
             heads.actions.insert(chunk, projected)
         return len(texts)
+
+
+def _unit(vectors: torch.Tensor) -> torch.Tensor:
+    """Rows L2-normalised in float32 (as upstream's embedder): rounding may have moved them off the sphere."""
+    return torch.nn.functional.normalize(vectors.float(), dim=-1)

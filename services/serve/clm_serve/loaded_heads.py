@@ -60,10 +60,13 @@ class LoadedHeads:
         return self.heads.project_actions(embeddings)
 
     @torch.inference_mode()
-    def option_probabilities(self, state_proj: torch.Tensor, action_proj: torch.Tensor) -> list[float]:
-        """Softmax over one question's options of ``scale x cosine`` (both sides are unit vectors),
-        computed in float32 like the recipe's ``score_records``."""
+    def option_probabilities(self, state_proj: torch.Tensor, action_proj: torch.Tensor,
+                             temperature: float = 1.0) -> list[float]:
+        """Softmax over one question's options of ``scale x cosine / temperature`` (both sides are unit
+        vectors), computed in float32 like the recipe's ``score_records``; temperature 1 is the heads' own."""
         logits = self.scale * (action_proj @ state_proj)
+        if temperature != 1.0:
+            logits = logits / temperature
         return torch.softmax(logits.float(), dim=-1).tolist()
 
     def info(self) -> dict:

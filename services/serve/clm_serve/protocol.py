@@ -44,9 +44,9 @@ class OpenAIBaseModel(BaseModel):
 class QuestionSpec(OpenAIBaseModel):
     """One question as the caller writes it. ``criteria`` depends on ``type``.
 
-    Unknown fields are kept (``extra="allow"``) so that ``parse_questions``
-    can refuse them by name, as vLLM does, instead of ignoring a typo such as
-    ``criterias`` and answering a question the caller did not ask.
+    Unknown fields are kept (``extra="allow"``): vLLM refuses them, the upstream CLM ignores them; here
+    they are ignored too (a CLM can answer the question) and each answer's ``diagnostics.ignored`` names
+    them, so a typo such as ``criterias`` is visible.
     """
 
     type: str
@@ -74,6 +74,10 @@ class StructuredDecisionRequest(OpenAIBaseModel):
     )
     priority: int = Field(default=0, ge=-(2**63), le=2**63 - 1)
     request_id: str = Field(default_factory=random_uuid)
+    temperature: Any = Field(
+        default=1.0, json_schema_extra={"type": "number", "exclusiveMinimum": 0, "maximum": 100},
+        description="Divides the logits before the softmax (upstream contrastive-lm's): a number in (0, 100]; "
+                    "null or absent: 1.0.")
 
     @field_validator("cache_salt")
     @classmethod
@@ -91,6 +95,7 @@ class StructuredDecisionRequest(OpenAIBaseModel):
 
 
 class DecisionUsage(OpenAIBaseModel):
+    billing_units: int = Field(description="Questions answered (upstream contrastive-lm's billing unit).")
     input_tokens: int
     output_tokens: int
 
@@ -100,6 +105,33 @@ class QuestionDiagnostics(OpenAIBaseModel):
         description="Probability the model put on the labels. A CLM scores only the options, so it is always 1.0."
     )
     argmax_is_label: bool
+    top_probability: float = Field(description="The top option's probability (vLLM's confidence of a choice or "
+                                               "score; their `confidence` here is upstream's, TypeSafe's).")
+    ignored: list[str] = Field(default_factory=list, description="Parts of the question that were not read "
+                               "(unknown fields, noul criteria other than true/false), as upstream ignores them.")
+
+
+class RankRequest(OpenAIBaseModel):
+    """``POST /v1/rank``, upstream contrastive-lm's: rank free-form answers against a context and a question."""
+
+    context: Any = Field(default="", description="What the answers are about: text or JSON (null: none).")
+    question: Any = Field(default=None, description="The question, placed after the context.")
+    answers: Any = Field(default=None, json_schema_extra={"type": "array", "items": {"type": "string"}},
+                         description="Candidate answers, non-empty strings, embedded verbatim.")
+    model: str | None = None
+    temperature: Any = Field(default=1.0, json_schema_extra={"type": "number", "exclusiveMinimum": 0, "maximum": 100})
+
+
+class RankedAnswer(OpenAIBaseModel):
+    rank: int
+    candidate: str
+    prob: float
+
+
+class RankResponse(OpenAIBaseModel):
+    model: str
+    ranked: list[RankedAnswer]
+    usage: DecisionUsage
 
 
 class StructuredDecisionResponse(OpenAIBaseModel):

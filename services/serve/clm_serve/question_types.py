@@ -15,16 +15,27 @@ option directly (``scale x cosine(state, option)``, softmax over the
 options), so all of the probability is on the options: ``label_mass`` is
 1.0 and ``argmax_is_label`` is always true.
 
-Two deliberate differences from vLLM, both documented in the README:
+Deliberate differences from vLLM, all where vLLM and the upstream CLM
+(contrastive-lm 0.1.0, whose clients this service also serves) disagree, and
+decided for what a CLM can answer:
 
 * No per-type label limit (vLLM allows at most 10 score levels and 26 choice
   options because each needs a one-token label). A CLM needs no labels, so
   only ``max_options`` applies.
-* The records' question model is stricter than vLLM's prompt builder about a
-  few inputs (a choice needs two options; score levels are distinct,
-  non-empty and not named like another level's index), because heads
-  trained on one rendering must be served the same rendering. Such requests
-  get a 400 naming the question, never a silently different text.
+* Accepted as upstream accepts them, where vLLM refuses: an empty question
+  id, a noul ``criteria`` that is not an object or has keys other than
+  ``true``/``false`` (ignored), score levels that repeat, are not strings or
+  are named like another level's index, a choice option named ``""``, and
+  unknown question fields (ignored). What was ignored is listed in the
+  answer's ``diagnostics.ignored``.
+* ``confidence`` of choice and score answers is upstream's (TypeSafe's): the
+  top probability minus the mean of the others, clamped to [0, 1], 1 with one
+  option; vLLM's (the top probability) is ``diagnostics.top_probability``.
+  A noul's ``confidence`` stays vLLM's (the larger of yes and no).
+
+The option texts are the text contract's (``clm.texts``) in every case: for
+a question the records accept they are the records' texts, for the others
+upstream's ``candidates`` (the same function, applied to the same values).
 """
 
 from __future__ import annotations
@@ -35,7 +46,10 @@ from typing import Any, ClassVar
 
 from pydantic import ValidationError
 
+from clm.records.questions import ChoiceQuestion as RecordChoice
+from clm.records.questions import NoulQuestion as RecordNoul
 from clm.records.questions import Question as QuestionModel
+from clm.records.questions import ScoreQuestion as RecordScore
 from clm.texts import as_question, option_texts, to_text
 
 
@@ -55,6 +69,7 @@ class Question:
     type: "QuestionType"
     model: QuestionModel
     option_texts: tuple[str, ...]
+    ignored: tuple[str, ...] = ()  # parts of the request that were accepted and not read (upstream ignores them)
 
     @property
     def instructions(self) -> Any:
@@ -76,6 +91,11 @@ class QuestionType(ABC):
     @abstractmethod
     def check_criteria(self, qid: str, criteria: Any) -> None:
         """vLLM's refusal of criteria of the wrong shape, with its message."""
+
+    def lenient_model(self, instructions: Any, criteria: Any) -> tuple[QuestionModel, tuple[str, ...]]:
+        """The question as upstream reads it when the records' model refuses it (shape already checked):
+        the model built without its extra rules, and what was ignored."""
+        raise NotImplementedError
 
     @abstractmethod
     def answer(self, question: Question, probs: list[float], label_mass: float) -> dict[str, Any]:
@@ -102,32 +122,38 @@ def get_question_type(name: str, qid: str | None = None) -> QuestionType:
         ) from None
 
 
-def _model_error(qid: str, error: ValidationError) -> StructuredDecisionError:
-    # loc[0] is the union tag (the type name); pydantic prefixes custom messages with "Value error, ".
-    problems = "; ".join(
-        f"{'.'.join(str(p) for p in e['loc'][1:] if str(p)) or 'criteria'}: {e['msg'].removeprefix('Value error, ')}"
-        for e in error.errors()
-    )
-    field = next((str(e["loc"][1]) for e in error.errors() if len(e["loc"]) > 1), "criteria")
-    return StructuredDecisionError(f"question {qid!r}: {problems}", param=f"questions.{qid}.{field}")
-
-
-def build_question(qid: str, type_name: str, instructions: Any, criteria: Any, max_options: int) -> Question:
-    """vLLM's ``build_question`` checks, then the records' question model and its option texts."""
-    if not qid:
-        raise StructuredDecisionError("question ids must be non-empty", param="questions")
+def build_question(qid: str, type_name: str, instructions: Any, criteria: Any, max_options: int,
+                   ignored: tuple[str, ...] = ()) -> Question:
+    """vLLM's shape checks, then the records' question model and its option texts (upstream's rules, which
+    accept more, where the records' model refuses: see the module docstring). ``ignored``: fields already
+    set aside by the caller (unknown question fields)."""
     qtype = get_question_type(type_name, qid)
     qtype.check_criteria(qid, criteria)
+    instructions = None if instructions == "" else instructions
     try:
-        model = as_question({"type": qtype.name, "instructions": None if instructions == "" else instructions,
-                             "criteria": criteria})
-    except ValidationError as error:
-        raise _model_error(qid, error) from None
+        model = as_question({"type": qtype.name, "instructions": instructions, "criteria": criteria})
+    except ValidationError:
+        model, more = qtype.lenient_model(instructions, criteria)
+        ignored = (*ignored, *more)
     if len(model.option_ids()) > max_options:
         raise StructuredDecisionError(
             f"question {qid!r}: at most {max_options} options for this model", param=f"questions.{qid}.criteria"
         )
-    return Question(id=qid, type=qtype, model=model, option_texts=option_texts(model))
+    try:
+        texts = option_texts(model)
+    except (TypeError, ValueError) as error:  # not reachable from parsed JSON; kept as a 400, never a 500
+        raise StructuredDecisionError(f"question {qid!r}: {error}", param=f"questions.{qid}.criteria") from None
+    return Question(id=qid, type=qtype, model=model, option_texts=texts, ignored=tuple(ignored))
+
+
+def typesafe_confidence(probs: list[float]) -> float:
+    """Upstream's (TypeSafe's) confidence: the top probability minus the mean of the others, in [0, 1];
+    1.0 with fewer than two options."""
+    if len(probs) < 2:
+        return 1.0
+    top = argmax(probs)
+    rest = [p for i, p in enumerate(probs) if i != top]
+    return max(0.0, min(1.0, probs[top] - sum(rest) / len(rest)))
 
 
 def argmax(values: list[float]) -> int:
@@ -147,6 +173,10 @@ class ChoiceQuestion(QuestionType):
                 param=f"questions.{qid}.criteria",
             )
 
+    def lenient_model(self, instructions: Any, criteria: Any) -> tuple[QuestionModel, tuple[str, ...]]:
+        # upstream takes any option name, "" included (the records want non-empty names)
+        return RecordChoice.model_construct(type="choice", instructions=instructions, criteria=dict(criteria)), ()
+
     def answer(self, question: Question, probs: list[float], label_mass: float) -> dict[str, Any]:
         top = argmax(probs)
         names = question.option_ids
@@ -154,7 +184,7 @@ class ChoiceQuestion(QuestionType):
             "type": self.name,
             "choice": names[top],
             "probabilities": dict(zip(names, probs)),
-            "confidence": probs[top] * label_mass,
+            "confidence": typesafe_confidence(probs) * label_mass,
         }
 
 
@@ -165,11 +195,14 @@ class NoulQuestion(QuestionType):
     name = "noul"
 
     def check_criteria(self, qid: str, criteria: Any) -> None:
-        if criteria is not None and (not isinstance(criteria, dict) or not criteria.keys() <= {"true", "false"}):
-            raise StructuredDecisionError(
-                f"question {qid!r}: noul criteria must be an object with true and false",
-                param=f"questions.{qid}.criteria",
-            )
+        """Any criteria: upstream reads ``true`` and ``false`` of an object and ignores the rest."""
+
+    def lenient_model(self, instructions: Any, criteria: Any) -> tuple[QuestionModel, tuple[str, ...]]:
+        if not isinstance(criteria, dict):
+            return RecordNoul(type="noul", instructions=instructions), ("criteria",)
+        kept = {key: criteria[key] for key in ("true", "false") if key in criteria}
+        ignored = tuple(f"criteria.{key}" for key in criteria if key not in kept)
+        return RecordNoul(type="noul", instructions=instructions, criteria=kept or None), ignored
 
     def answer(self, question: Question, probs: list[float], label_mass: float) -> dict[str, Any]:
         by_name = dict(zip(question.option_ids, probs))
@@ -193,16 +226,17 @@ class ScoreQuestion(QuestionType):
                 f"question {qid!r}: score criteria must be an ordered list of levels",
                 param=f"questions.{qid}.criteria",
             )
-        if len({str(level) for level in criteria}) != len(criteria):
-            raise StructuredDecisionError(f"question {qid!r}: duplicate option names", param=f"questions.{qid}.criteria")
+
+    def lenient_model(self, instructions: Any, criteria: Any) -> tuple[QuestionModel, tuple[str, ...]]:
+        # upstream takes any levels (repeated, not strings, named like an index): the options are the indices
+        return RecordScore.model_construct(type="score", instructions=instructions, criteria=list(criteria)), ()
 
     def answer(self, question: Question, probs: list[float], label_mass: float) -> dict[str, Any]:
-        top = argmax(probs)
         return {
             "type": self.name,
             # The expected level, 0-indexed, so a level's index in the request's criteria is its value.
             "score": sum(i * p for i, p in enumerate(probs)),
             "legend": {str(i): to_text(level) for i, level in enumerate(question.model.criteria)},
             "probabilities": {str(i): p for i, p in enumerate(probs)},
-            "confidence": probs[top] * label_mass,
+            "confidence": typesafe_confidence(probs) * label_mass,
         }

@@ -1,8 +1,9 @@
-"""HTTP routes of clm-serve: decisions, heads status, admin reload, health, metrics, models."""
+"""HTTP routes of clm-serve: decisions, ranking, heads status, admin reload, health, metrics, models."""
 
 from __future__ import annotations
 
 import re
+import time
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
@@ -11,11 +12,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from clm_http.auth import require_bearer
 from clm_http.errors import APIError
 
-from clm_serve.protocol import ErrorResponse, StructuredDecisionRequest
+from clm_serve.loaded_heads import LoadedHeads
+from clm_serve.models import RAW_MODEL, aliases, model_cards, model_names
+from clm_serve.protocol import ErrorResponse, RankRequest, RankResponse, StructuredDecisionRequest
 from clm_serve.runtime import ServeRuntime
 from clm_serve.serving import ServingStructuredDecisions
 
 HEADS_VERSION_HEADER = "X-CLM-Heads-Version"
+LATENCY_HEADER = "X-CLM-Latency-Ms"
 
 router = APIRouter()
 
@@ -29,19 +33,37 @@ def _runtime(request: Request) -> ServeRuntime:
     return request.app.state.runtime
 
 
-@router.post("/v1/systemone", responses=_ERRORS)
-async def create_structured_decision(body: StructuredDecisionRequest, raw_request: Request) -> JSONResponse:
-    """vLLM's structured decisions. The heads version that computed the answer is in the
-    ``X-CLM-Heads-Version`` header and in the body's ``system_fingerprint``."""
-    serving: ServingStructuredDecisions = raw_request.app.state.serving
-    response, heads = await serving.create_decision(body, raw_request)
-    headers = {HEADS_VERSION_HEADER: heads.version}
-    request_id = response.id.removeprefix("decision-")
+def _headers(heads: LoadedHeads | None, request_id: str, started: float) -> dict[str, str]:
+    headers = {HEADS_VERSION_HEADER: RAW_MODEL if heads is None else heads.version,
+               LATENCY_HEADER: f"{(time.perf_counter() - started) * 1000:.1f}"}
     # The body's request_id is any string; one that cannot be a header value (CR/LF, control or
     # non-ASCII characters) stays in the body only, instead of breaking the response.
     if _HEADER_VALUE.fullmatch(request_id):  # fullmatch: `$` alone would let a trailing "\n" through
         headers["X-Request-Id"] = request_id
+    return headers
+
+
+@router.post("/v1/systemone", responses=_ERRORS)
+async def create_structured_decision(body: StructuredDecisionRequest, raw_request: Request) -> JSONResponse:
+    """vLLM's structured decisions. The heads version that computed the answer is in the
+    ``X-CLM-Heads-Version`` header and in the body's ``system_fingerprint``; ``X-CLM-Latency-Ms`` is the
+    time spent answering (upstream contrastive-lm's header: body parsing excluded)."""
+    serving: ServingStructuredDecisions = raw_request.app.state.serving
+    started = time.perf_counter()
+    response, heads = await serving.create_decision(body, raw_request)
+    headers = _headers(heads, response.id.removeprefix("decision-"), started)
     return JSONResponse(content=response.model_dump(), headers=headers)
+
+
+@router.post("/v1/rank", responses=_ERRORS, response_model=RankResponse)
+async def rank(body: RankRequest, raw_request: Request) -> JSONResponse:
+    """Upstream contrastive-lm's ranking: the answers, best first, as one choice question over them
+    (``{"model", "ranked": [{"rank", "candidate", "prob"}], "usage"}``), with the headers of ``/v1/systemone``."""
+    serving: ServingStructuredDecisions = raw_request.app.state.serving
+    started = time.perf_counter()
+    response, heads = await serving.rank(body, raw_request)
+    request_id = raw_request.headers.get("X-Request-Id") or ""
+    return JSONResponse(content=response.model_dump(), headers=_headers(heads, request_id, started))
 
 
 @router.get("/v1/heads")
@@ -103,13 +125,33 @@ async def admin_reload(request: Request) -> dict:
 
 @router.get("/health")
 async def health(request: Request) -> JSONResponse:
-    """200 once heads are loaded and serving; 503 (with the reason) before."""
+    """200 once heads are loaded and serving; 503 (with the reason) before. Both carry upstream
+    contrastive-lm's fields too: ``ok`` (true only when ready: its client's ``health()`` reads it), ``embedder``
+    (the encoder is open), ``models`` and ``cache``."""
     runtime = _runtime(request)
     phase = runtime.phase
     current = runtime.manager.current if runtime.manager is not None else None
+    upstream = {"embedder": runtime.encoder is not None and runtime.engine is not None,
+                "models": model_names(runtime.settings), "cache": _cache_stats(runtime, current)}
     if current is None:
-        return JSONResponse({"status": "not ready", "reason": phase}, status_code=503)
-    return JSONResponse({"status": "ok", "heads_version": current.version})
+        return JSONResponse({"ok": False, "status": "not ready", "reason": phase, **upstream}, status_code=503)
+    return JSONResponse({"ok": True, "status": "ok", "heads_version": current.version, **upstream})
+
+
+def _cache_stats(runtime: ServeRuntime, current: LoadedHeads | None) -> dict | None:
+    """The option caches (host memory): projected options of the serving heads, encoder vectors of options."""
+    if runtime.engine is None:
+        return None
+    metrics, settings = runtime.metrics, runtime.settings
+    hits = metrics.action_cache_hits._value.get()
+    misses = metrics.action_cache_misses._value.get()
+    return {
+        "device": "cpu",
+        "hit_rate": hits / (hits + misses) if hits + misses else None,
+        "action_cache": {"entries": 0 if current is None else len(current.actions),
+                         "capacity": settings.action_cache_max_entries, "hits": int(hits), "misses": int(misses)},
+        "option_embeddings": {"entries": len(runtime.engine.options), "capacity": settings.option_store_max_entries},
+    }
 
 
 @router.get("/metrics")
@@ -122,10 +164,15 @@ async def metrics(request: Request) -> Response:
 
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict:
-    """The OpenAI model list, as vLLM serves it: one model, this service's heads."""
+    """Both model lists: the OpenAI one vLLM serves (``object: list``, ``data``: a card per name, aliases
+    included) and upstream contrastive-lm's (``models``: ``{name, release_date, description}``, heads then
+    ``clm-raw``)."""
     runtime = _runtime(request)
+    settings = runtime.settings
     current = runtime.manager.current if runtime.manager is not None else None
-    return {"object": "list", "data": [{
-        "id": runtime.settings.served_model_name, "object": "model", "owned_by": "clm",
-        "root": None if current is None else current.system_fingerprint,
-    }]}
+    root = None if current is None else current.system_fingerprint
+    cards = [{"id": name, "object": "model", "owned_by": "clm", "root": root}
+             for name in (settings.served_model_name, *aliases(settings))]
+    cards.append({"id": RAW_MODEL, "object": "model", "owned_by": "clm", "root": RAW_MODEL})
+    return {"object": "list", "data": cards,
+            "models": model_cards(settings, None if current is None else current.checkpoint.created_at)}

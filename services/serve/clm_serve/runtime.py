@@ -170,7 +170,8 @@ class ServeRuntime:
                 async with asyncio.timeout(self.settings.poll_interval_s):
                     await stop.wait()
             try:
-                fingerprint, _ = await asyncio.to_thread(fetch_remote_identity, url, self.settings.embedder_timeout_s)
+                fingerprint, _ = await asyncio.to_thread(fetch_remote_identity, url, self.settings.embedder_timeout_s,
+                                                         api_key=self.settings.embedder_api_key.get_secret_value())
             except EncoderError as error:  # down or restarting: the per-response check still guards answers
                 logger.debug("identity check of %s failed: %s", url, error)
                 continue

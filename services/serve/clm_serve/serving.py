@@ -9,6 +9,7 @@ once, before any work, and reports the version that computed it.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from fastapi import Request
@@ -20,9 +21,14 @@ from clm.texts import join_state, render_state, state_text_tail
 from clm_http.errors import APIError
 
 from clm_serve.loaded_heads import LoadedHeads
+from clm_serve.models import RAW_SCALE, resolve_model
 from clm_serve.protocol import (
     DecisionUsage,
     QuestionDiagnostics,
+    QuestionSpec,
+    RankedAnswer,
+    RankRequest,
+    RankResponse,
     StructuredDecisionRequest,
     StructuredDecisionResponse,
 )
@@ -31,21 +37,35 @@ from clm_serve.runtime import ServeRuntime
 
 logger = logging.getLogger(__name__)
 
+RAW_FINGERPRINT = "clm-raw"  # the system_fingerprint of a clm-raw answer: no heads computed it
+
 
 def parse_questions(request: StructuredDecisionRequest, *, max_questions: int, max_options: int) -> list[Question]:
-    """vLLM's ``parse_questions``: at least one, at most ``max_questions``, no unknown fields."""
+    """vLLM's ``parse_questions``: at least one, at most ``max_questions``; unknown question fields are
+    ignored (as upstream ignores them) and named in the answer's ``diagnostics.ignored``."""
     if not request.questions:
         raise StructuredDecisionError("questions: needs at least one question", param="questions")
     if len(request.questions) > max_questions:
         raise StructuredDecisionError(f"questions: at most {max_questions} for this model", param="questions")
-    questions = []
-    for qid, spec in request.questions.items():
-        if spec.model_extra:
-            raise StructuredDecisionError(
-                f"question {qid!r}: unknown field(s) {sorted(spec.model_extra)}", param=f"questions.{qid}"
-            )
-        questions.append(build_question(qid, spec.type, spec.instructions, spec.criteria, max_options))
-    return questions
+    return [build_question(qid, spec.type, spec.instructions, spec.criteria, max_options,
+                           ignored=tuple(sorted(spec.model_extra or ())))
+            for qid, spec in request.questions.items()]
+
+
+def check_temperature(value: Any) -> float:
+    """Upstream's ``temperature``: a number in (0, 100], 1.0 when absent (null too); 400 otherwise, worded
+    as upstream words it."""
+    if value is None:
+        return 1.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise APIError(400, "temperature must be a number", param="temperature")
+    try:
+        temperature = float(value)
+    except OverflowError:
+        temperature = math.inf
+    if not 0 < temperature <= 100:  # NaN fails too
+        raise APIError(400, "temperature must be in (0, 100]", param="temperature")
+    return temperature
 
 
 def check_media(request: StructuredDecisionRequest) -> None:
@@ -98,16 +118,12 @@ class ServingStructuredDecisions:
         self.runtime = runtime
         self.settings = runtime.settings
 
-    def _check_model(self, request: StructuredDecisionRequest) -> None:
-        name = self.settings.served_model_name
-        if request.model and request.model != name:
-            raise APIError(404, f"The model `{request.model}` does not exist. Valid aliases: {name}.",
-                           param="model", err_type="NotFoundError")
-
     async def create_decision(
         self, request: StructuredDecisionRequest, raw_request: Request | None = None
-    ) -> tuple[StructuredDecisionResponse, LoadedHeads]:
-        self._check_model(request)
+    ) -> tuple[StructuredDecisionResponse, LoadedHeads | None]:
+        """The answer, and the heads that computed it (None for ``clm-raw``, which has none)."""
+        model = resolve_model(self.settings, request.model)
+        temperature = check_temperature(request.temperature)
         base_id = raw_request.headers.get("X-Request-Id") if raw_request is not None else None
         request_id = f"decision-{base_id or request.request_id}"
         try:
@@ -123,11 +139,15 @@ class ServingStructuredDecisions:
         runtime = self.runtime
         # Capture the heads ONCE: a swap during this request does not change what computes it.
         heads = runtime.manager.current if runtime.manager is not None else None
-        if heads is None or runtime.engine is None:
+        if runtime.engine is None or (heads is None and not model.is_raw):
             raise APIError(503, f"no heads are loaded, so no decision can be made yet: {runtime.phase}",
                            headers={"Retry-After": "1"})
         try:
-            decision = await runtime.engine.decide(heads, questions, texts)
+            if model.is_raw:
+                heads = None
+                decision = await runtime.engine.decide_raw(questions, texts, temperature=temperature, scale=RAW_SCALE)
+            else:
+                decision = await runtime.engine.decide(heads, questions, texts, temperature=temperature)
         except EncoderInputError as error:
             # The refused text is a state text this service rendered: name the client's field, not an index.
             raise APIError(400, f"the encoder refused a state text: {error.detail}", param="state") from None
@@ -144,14 +164,35 @@ class ServingStructuredDecisions:
         for question, probs in zip(questions, decision.probs):
             # All of a CLM's probability is on the options: label mass 1, argmax always an option.
             answers[question.id] = question.type.answer(question, probs, 1.0)
-            diagnostics[question.id] = QuestionDiagnostics(label_mass=1.0, argmax_is_label=True)
+            diagnostics[question.id] = QuestionDiagnostics(label_mass=1.0, argmax_is_label=True,
+                                                           top_probability=max(probs), ignored=list(question.ignored))
             runtime.metrics.questions.labels(question.type.name).inc()
         response = StructuredDecisionResponse(
             id=request_id,
-            model=self.settings.served_model_name,
+            model=model.name,
             answers=answers,
-            usage=DecisionUsage(input_tokens=decision.input_tokens, output_tokens=0),
+            usage=DecisionUsage(billing_units=len(questions), input_tokens=decision.input_tokens, output_tokens=0),
             diagnostics=diagnostics,
-            system_fingerprint=heads.system_fingerprint,
+            system_fingerprint=RAW_FINGERPRINT if heads is None else heads.system_fingerprint,
         )
         return response, heads
+
+    async def rank(self, request: RankRequest, raw_request: Request | None = None
+                   ) -> tuple[RankResponse, LoadedHeads | None]:
+        """Upstream's ``/v1/rank``: one choice question over the answers (keys ``"0".."n-1"``, the answers
+        verbatim as option texts) asked of the context, sorted by descending probability (stable: ties
+        keep their order)."""
+        answers = request.answers
+        if not isinstance(answers, list) or not answers:
+            raise APIError(400, "body must be {context, question, answers: [..]}", param="answers")
+        if not all(isinstance(answer, str) and answer for answer in answers):
+            raise APIError(400, "answers must be non-empty strings", param="answers")
+        decision_request = StructuredDecisionRequest(
+            model=request.model, state=request.context or "", temperature=request.temperature,
+            questions={"rank": QuestionSpec(type="choice", instructions=request.question,
+                                            criteria={str(i): answer for i, answer in enumerate(answers)})},
+        )
+        response, heads = await self.create_decision(decision_request, raw_request)
+        order = sorted(response.answers["rank"]["probabilities"].items(), key=lambda kv: -kv[1])
+        ranked = [RankedAnswer(rank=r + 1, candidate=answers[int(key)], prob=p) for r, (key, p) in enumerate(order)]
+        return RankResponse(model=response.model, ranked=ranked, usage=response.usage), heads

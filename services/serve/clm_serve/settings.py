@@ -18,7 +18,19 @@ class ServeSettings(ServiceSettings):
 
     port: int = port_field(8003)
     max_body_bytes: int = body_limit_field(4 * 1024 * 1024)
-    served_model_name: str = Field("clm", description="Model name in responses; a request naming another model gets 404.")
+    served_model_name: str = Field(
+        "clm-latest", min_length=1, description="Name of the served heads (upstream contrastive-lm's `clm-latest`); a "
+        "request without `model` (or null/\"\") is answered by them and the response names the model asked for. "
+        "`clm-raw` (no heads: 100 x cosine of the raw encoder vectors) is always served too; any other name gets 404 "
+        "listing the names.")
+    served_model_aliases: str = Field(
+        "clm", description="Comma-separated other names of the served heads (`clm`: this service's name before "
+        "`clm-latest`); listed in /v1/models' OpenAI cards, echoed when asked for.")
+    api_key: SecretStr = Field(
+        SecretStr(""), validation_alias=AliasChoices("CLM_SERVE_API_KEY", "CLM_API_KEY"),
+        description="API key(s), comma-separated (also `CLM_API_KEY`, upstream's name): every `/v1/*` route then "
+        "needs `Authorization: Bearer <key>` (401 otherwise; compared in constant time, never logged). `/`, "
+        "`/health`, `/metrics` stay open; `/admin/reload` has its own token. Empty: no key needed.")
     ckpt: Path | None = Field(None, validation_alias=AliasChoices("CLM_CKPT", "CLM_SERVE_CKPT"),
                               description="Serve this one .pt file (ours or any upstream contrastive-lm head, e.g. "
                                           "CLM_v0.1-8B.pt) or version folder without watching.")
@@ -31,6 +43,10 @@ class ServeSettings(ServiceSettings):
     embedder_timeout_s: float = Field(30.0, gt=0, description="Timeout of one request to the embedder.")
     embedder_concurrency: int = Field(8, ge=1, description="Requests to the embedder in flight at once.")
     embedder_retries: int = Field(3, ge=1, description="Attempts per embedder request (connection errors and 5xx).")
+    embedder_api_key: SecretStr = Field(
+        SecretStr(""), validation_alias=AliasChoices("CLM_SERVE_EMBEDDER_API_KEY", "CLM_EMBEDDER_API_KEY"),
+        description="Bearer token for an embedder started with an API key (also read from `CLM_EMBEDDER_API_KEY`, "
+                    "the embedder's own setting).")
     encoder_model: str = Field(DEFAULT_ENCODER_MODEL, description="In-process encoder model (when embedder_url is "
                                "empty): a local folder or `minilm`; the default, the reference Qwen/Qwen3-8B, must be "
                                "a folder (nothing is downloaded).")
@@ -63,9 +79,16 @@ class ServeSettings(ServiceSettings):
     max_batch_questions: int = Field(512, ge=1, description="Micro-batch size of the projection step.")
     max_batch_texts: int = Field(256, ge=1, description="Largest encoder call: state and new option texts of concurrent requests are encoded together.")
     batch_window_ms: float = Field(2.0, ge=0, description="How long a micro-batch (encode, projection) waits for company.")
-    max_questions: int = Field(64, ge=1, description="Questions per request.")
-    max_options: int = Field(64, ge=2, description="Options per question.")
+    max_questions: int = Field(
+        512, ge=1, description="Questions per request (upstream has no limit): 512 = `max_batch_questions`, so one "
+        "request's states are one projection batch, while the body limit bounds the rest.")
+    max_options: int = Field(255, ge=1, description="Options per question (TypeSafe's limit; vLLM's 26 choice "
+                             "options / 10 score levels need one-token labels, which a CLM does not).")
     max_state_chars: int = Field(100_000, ge=1, description="A longer rendered state gets 400.")
+    playground: bool = Field(True, description="Serve the playground (a web page that asks typed questions) at `/`; "
+                             "off: `/` is 404.")
+    cors_origins: str = Field("", description="Comma-separated origins allowed to call this service from a browser "
+                              "(CORS), e.g. a playground served elsewhere; `*`: any; empty: no CORS headers.")
 
     def assumed_encoder(self) -> AssumedEncoder:
         """What heads without an encoder fingerprint (upstream-format files) are checked against."""
@@ -85,4 +108,5 @@ class ServeSettings(ServiceSettings):
             max_tokens=self.encoder_max_tokens, device=self.encoder_device, url=self.embedder_url,
             max_concurrency=self.embedder_concurrency, timeout_s=self.embedder_timeout_s,
             retries=self.embedder_retries - 1, wire_dtype=self.embedding_round_to,
+            api_key=self.embedder_api_key.get_secret_value(),
         )
