@@ -46,9 +46,9 @@ from clm.decision.constants import IGNORE_INDEX
 from clm.embedding_table import EmbeddingTable
 from clm.recipes.batches import EncodedQuestion, EncodedRecord
 from clm.recipes.evaluation import ScoredQuestion
+from clm.schema import RAW_SCALE  # upstream's clm-raw logit scale
 
 RAW_BASELINE = "clm-raw"
-RAW_SCALE = 100.0  # upstream's clm-raw logit scale (clm/engine.py RAW_SCALE)
 MIN_LABELS = 10
 LOGISTIC_CS = (0.1, 1.0, 10.0)  # inverse regularisation strengths tried by cross-validation
 CV_FOLDS = 3

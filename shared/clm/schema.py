@@ -23,6 +23,9 @@ from typing import Any
 
 from clm.texts import NOUL_TEXT_KEYS, as_question, option_texts, state_text, to_text
 
+# upstream's clm-raw logit scale (its engine.RAW_SCALE): 100 x cosine of the raw, L2-normalised vectors.
+RAW_SCALE = 100.0
+
 QUESTION_TYPES = ("noul", "choice", "score")
 NOUL_KEYS = NOUL_TEXT_KEYS
 

@@ -20,12 +20,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from clm.schema import RAW_SCALE  # noqa: F401  (re-exported: serving's scale of clm-raw)
 from clm_http.errors import APIError
 
 from clm_serve.settings import ServeSettings
 
 RAW_MODEL = "clm-raw"
-RAW_SCALE = 100.0  # upstream's engine.RAW_SCALE (and clm.baselines.RAW_SCALE)
 UPSTREAM_RELEASE = "2026-09-19"  # upstream's engine.RELEASE, the release_date of its model cards
 HEADS_DESCRIPTION = "Contrastive language model: Qwen3-8B encoder + trained projection heads"
 RAW_DESCRIPTION = "Ablation: cosine in the raw encoder embedding space, no projection head"

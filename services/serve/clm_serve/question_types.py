@@ -50,6 +50,7 @@ from clm.records.questions import ChoiceQuestion as RecordChoice
 from clm.records.questions import NoulQuestion as RecordNoul
 from clm.records.questions import Question as QuestionModel
 from clm.records.questions import ScoreQuestion as RecordScore
+from clm.schema import confidence as typesafe_confidence  # upstream's (TypeSafe's) definition, one copy
 from clm.texts import as_question, option_texts, to_text
 
 
@@ -144,16 +145,6 @@ def build_question(qid: str, type_name: str, instructions: Any, criteria: Any, m
     except (TypeError, ValueError) as error:  # not reachable from parsed JSON; kept as a 400, never a 500
         raise StructuredDecisionError(f"question {qid!r}: {error}", param=f"questions.{qid}.criteria") from None
     return Question(id=qid, type=qtype, model=model, option_texts=texts, ignored=tuple(ignored))
-
-
-def typesafe_confidence(probs: list[float]) -> float:
-    """Upstream's (TypeSafe's) confidence: the top probability minus the mean of the others, in [0, 1];
-    1.0 with fewer than two options."""
-    if len(probs) < 2:
-        return 1.0
-    top = argmax(probs)
-    rest = [p for i, p in enumerate(probs) if i != top]
-    return max(0.0, min(1.0, probs[top] - sum(rest) / len(rest)))
 
 
 def argmax(values: list[float]) -> int:
