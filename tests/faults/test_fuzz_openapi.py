@@ -34,8 +34,9 @@ from support.serve import start_serve_with_heads
 
 TRAINER_TOKEN = "fuzz-trainer-token-5b1e"
 ADMIN_TOKEN = "fuzz-admin-token-9c2d"
-# Examples per operation and generation mode (operations without parameters stop early: one request).
-EXAMPLES = {"embedder": {"POST": 1000, "GET": 200}, "trainer": {"POST": 500, "GET": 150},
+# Examples per operation and generation mode (operations without parameters stop early: one request); the
+# embedder has 6 POST operations (embeddings, pooling, invocations, tokenize, detokenize, ping).
+EXAMPLES = {"embedder": {"POST": 250, "GET": 100}, "trainer": {"POST": 500, "GET": 150},
             "serve": {"POST": 400, "GET": 150}}
 STRUCTURED_DECISIONS = 1200  # clm-serve: schema-shaped requests with real question types (reach the heads)
 TRACEBACK_MARKERS = ("Traceback (most recent call last)", 'File "/')
@@ -66,7 +67,8 @@ def _fuzz(base_url: str, headers: dict[str, str], examples: dict[str, int]) -> d
                     return
                 statuses[f"{response.status_code // 100}xx"] += 1
                 per_operation[operation.label] += 1
-                body = response.text
+                # bytes, not text: an embeddings answer may be binary (encoding_format bytes / bytes_only)
+                body = response.content.decode("utf-8", "replace")
                 if response.status_code >= 500 or any(marker in body for marker in TRACEBACK_MARKERS):
                     failures.append(f"{operation.label} ({mode.value}) -> {response.status_code} {body[:300]}\n"
                                     f"    {case.as_curl_command()}"[:1500])

@@ -76,7 +76,7 @@ class PoolingRequestBase(BaseModel):
             if "normalize" in data:
                 raise vllm_parameter_error("Parameter `normalize` was removed; use `use_activation` instead.",
                                            "normalize")
-            if data.get("task") in _REMOVED_TASKS:
+            if isinstance(data.get("task"), str) and data["task"] in _REMOVED_TASKS:
                 raise vllm_parameter_error(_REMOVED_TASKS[data["task"]], "task")
             if "cache_salt" in data and data["cache_salt"] is not None:
                 salt = data["cache_salt"]

@@ -90,4 +90,7 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> dict:
         raise APIError(400, "1 validation error:\n  {'type': 'greater_than_equal', 'loc': 'body.tokens', "
                             f"'msg': 'Input should be greater than or equal to 0', 'input': {bad}}}",
                        param="body.tokens", err_type="Bad Request")
-    return {"prompt": await tokenizer.detokenize(list(body.tokens))}
+    try:
+        return {"prompt": await tokenizer.detokenize(list(body.tokens))}
+    except OverflowError as error:  # an id past the tokenizer's integer width: vLLM's 400 for OverflowError
+        raise bad_request(str(error)) from None
