@@ -50,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from clm.schema import RAW_SCALE, answer_from_logits, build_pairs, wire_question
+from clm.schema import RAW_SCALE, answer_from_logits, build_pairs, tempered_logits, wire_question
 
 DEFAULT_MODEL = "clm-latest"
 RAW_MODEL = "clm-raw"
@@ -551,7 +551,7 @@ class Engine:
         for i, (qid, (_, keys, texts)) in enumerate(pairs.items()):
             cosine = za[offset:offset + len(texts)] @ zq[i]
             offset += len(texts)
-            answers[qid] = answer_from_logits(wire[qid], keys, (scale * cosine / temperature).tolist())
+            answers[qid] = answer_from_logits(wire[qid], keys, tempered_logits(scale * cosine, temperature).tolist())
         return {"model": model, "answers": answers,
                 "usage": {"billing_units": len(questions), "input_tokens": sum(tokens), "output_tokens": 0}}
 

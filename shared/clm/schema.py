@@ -80,6 +80,21 @@ def softmax(logits: Sequence[float]) -> list[float]:
     return [w / total for w in weights]
 
 
+def tempered_logits(logits, temperature: float):
+    """``logits / temperature`` (numpy or torch) with the top logit moved to 0 first (the softmax is the same):
+    a temperature near 0 then gives the argmax's one-hot instead of inf - inf = NaN (upstream's formula
+    overflows there: 100 / 5e-324). Divided in float64: in float32 such a temperature is 0, and 0 / 0 is NaN."""
+    if temperature == 1.0:
+        return logits
+    shifted = logits - logits.max()
+    if hasattr(shifted, "double"):  # torch
+        return shifted.double() / temperature
+    import numpy as np  # here, not at the top: `import clm` stays light
+
+    with np.errstate(over="ignore"):  # -inf for the others is the intended limit
+        return shifted.astype(np.float64) / temperature
+
+
 def confidence(probs: Sequence[float]) -> float:
     """The top probability minus the mean of the rest, in [0, 1] (1.0 for one option)."""
     if len(probs) < 2:

@@ -23,7 +23,7 @@ import pytest
 import redis
 import torch
 
-from clm.cache.codec import _HEADER, FORMAT_VERSION, MAGIC, cache_key, encode_vector
+from clm.cache.codec import _HEADER, FORMAT_VERSION, HEADER_BYTES, MAGIC, cache_key, encode_vector
 from clm.checkpoint import MANIFEST_FILE, PT_FILE, save_checkpoint
 from clm.durable import sha256_file
 from clm.encoders.model_identity import fingerprint_for_model_dir
@@ -457,7 +457,7 @@ def test_redis_garbage_under_a_cache_key(fault_report, stack, http):
 def _well_formed_nan_vector(dim: int) -> bytes:
     """A value with a valid header and checksum whose payload is NaN (what a buggy writer could store)."""
     payload = np.full(dim, np.nan, dtype="<f2").tobytes()
-    head = _HEADER.pack(MAGIC, FORMAT_VERSION, 1, 0, dim, 0)[:12]
+    head = _HEADER.pack(MAGIC, FORMAT_VERSION, 1, 0, dim, 7, 0)[:HEADER_BYTES - 4]  # float16, 7 tokens, crc last
     return head + struct.pack("<I", zlib.crc32(payload, zlib.crc32(head))) + payload
 
 

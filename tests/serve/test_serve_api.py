@@ -391,3 +391,18 @@ async def test_a_one_option_choice_is_answered_with_probability_one(tmp_path, ti
         assert response.status_code == 200, response.text
         answer = response.json()["answers"]["only"]
         assert (answer["choice"], answer["probabilities"], answer["confidence"]) == ("proceed", {"proceed": 1.0}, 1.0)
+
+
+async def test_a_temperature_near_zero_gives_the_argmax_not_nan(tmp_path, tiny_model_dir, tiny_encoder, fingerprint):
+    """logits / 5e-324 overflows (upstream's formula gives NaN there, found by the fuzzer): the top logit is
+    moved to 0 first and the division is in float64, so the answer is the argmax's one-hot."""
+    publish(tmp_path / "checkpoints", 1, fingerprint)
+    async with serve_in_process(serve_settings(tmp_path, tiny_model_dir), tiny_encoder) as (client, _):
+        for model in ("clm-latest", "clm-raw"):
+            cold = await client.post("/v1/systemone", json={**TRIAGE_REQUEST, "model": model, "temperature": 5e-324})
+            assert cold.status_code == 200, cold.text
+            for answer in cold.json()["answers"].values():
+                assert sorted(answer["probabilities"].values())[-1] == 1.0, answer
+            ranked = await client.post("/v1/rank", json={"context": "c", "question": "q", "answers": ["a", "b"],
+                                                         "model": model, "temperature": 5e-324})
+            assert ranked.status_code == 200 and ranked.json()["ranked"][0]["prob"] == 1.0, ranked.text

@@ -19,6 +19,7 @@ import torch
 
 from clm.encoders.base import EncoderBackend
 from clm.encoders.coalescing import CoalescingEncoder
+from clm.schema import tempered_logits
 
 from clm_serve.action_cache import OptionEmbeddings, round_vectors
 from clm_serve.batcher import ProjectionBatcher
@@ -75,7 +76,7 @@ class DecisionEngine:
         for i, question in enumerate(questions):
             count = len(question.option_texts)
             with torch.inference_mode():
-                logits = scale * (options[offset : offset + count] @ states[i]) / temperature
+                logits = tempered_logits(scale * (options[offset : offset + count] @ states[i]), temperature)
                 probs.append(torch.softmax(logits.float(), dim=-1).tolist())
             offset += count
         return Decision(probs=probs, input_tokens=tokens)

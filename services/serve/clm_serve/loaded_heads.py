@@ -20,6 +20,7 @@ import torch
 from clm.checkpoint import AssumedEncoder, CheckpointError, LoadedCheckpoint, check_heads_encoder, load_checkpoint
 from clm.encoders.base import EncoderFingerprint
 from clm.heads import CLMHeadPair
+from clm.schema import tempered_logits
 
 from clm_serve.action_cache import ActionCache
 
@@ -64,9 +65,7 @@ class LoadedHeads:
                              temperature: float = 1.0) -> list[float]:
         """Softmax over one question's options of ``scale x cosine / temperature`` (both sides are unit
         vectors), computed in float32 like the recipe's ``score_records``; temperature 1 is the heads' own."""
-        logits = self.scale * (action_proj @ state_proj)
-        if temperature != 1.0:
-            logits = logits / temperature
+        logits = tempered_logits(self.scale * (action_proj @ state_proj), temperature)
         return torch.softmax(logits.float(), dim=-1).tolist()
 
     def info(self) -> dict:

@@ -123,6 +123,17 @@ def get_question_type(name: str, qid: str | None = None) -> QuestionType:
         ) from None
 
 
+def _model_error(qid: str, error: ValidationError) -> StructuredDecisionError:
+    """The records' refusal as a 400 naming the question and the field."""
+    # loc[0] is the union tag (the type name); pydantic prefixes custom messages with "Value error, ".
+    problems = "; ".join(
+        f"{'.'.join(str(p) for p in e['loc'][1:] if str(p)) or 'criteria'}: {e['msg'].removeprefix('Value error, ')}"
+        for e in error.errors()
+    )
+    field = next((str(e["loc"][1]) for e in error.errors() if len(e["loc"]) > 1), "criteria")
+    return StructuredDecisionError(f"question {qid!r}: {problems}", param=f"questions.{qid}.{field}")
+
+
 def build_question(qid: str, type_name: str, instructions: Any, criteria: Any, max_options: int,
                    ignored: tuple[str, ...] = ()) -> Question:
     """vLLM's shape checks, then the records' question model and its option texts (upstream's rules, which
@@ -133,8 +144,11 @@ def build_question(qid: str, type_name: str, instructions: Any, criteria: Any, m
     instructions = None if instructions == "" else instructions
     try:
         model = as_question({"type": qtype.name, "instructions": instructions, "criteria": criteria})
-    except ValidationError:
-        model, more = qtype.lenient_model(instructions, criteria)
+    except ValidationError as error:
+        try:
+            model, more = qtype.lenient_model(instructions, criteria)
+        except ValidationError:  # refused either way (e.g. instructions nested past the records' limit)
+            raise _model_error(qid, error) from None
         ignored = (*ignored, *more)
     if len(model.option_ids()) > max_options:
         raise StructuredDecisionError(
@@ -144,6 +158,9 @@ def build_question(qid: str, type_name: str, instructions: Any, criteria: Any, m
         texts = option_texts(model)
     except (TypeError, ValueError) as error:  # not reachable from parsed JSON; kept as a 400, never a 500
         raise StructuredDecisionError(f"question {qid!r}: {error}", param=f"questions.{qid}.criteria") from None
+    except RecursionError:  # upstream's lenient levels are any JSON: one nested past the renderer's depth
+        raise StructuredDecisionError(f"question {qid!r}: criteria are nested too deeply to render",
+                                      param=f"questions.{qid}.criteria") from None
     return Question(id=qid, type=qtype, model=model, option_texts=texts, ignored=tuple(ignored))
 
 
