@@ -146,8 +146,7 @@ def _plain_inputs(body: PoolingRequestBase, max_chars: int) -> tuple[list[str], 
 async def _render_chats(body: PoolingRequestBase, state: EmbedderState) -> tuple[list[str], bool]:
     """(keys, token ids?) of the conversations: each one's prompt rendered by the model's chat template
     (vLLM renders to text first), or, with vLLM's tokenizer, the token ids vLLM makes of it."""
-    if body.chat_template is not None or (body.chat_template_kwargs or {}).get("chat_template") is not None:
-        raise bad_request(UNTRUSTED_TEMPLATE)
+    check_chat_template(body.chat_template, body.chat_template_kwargs)
     source = body.messages if body.messages is not None else body.input
     conversations = source if source and isinstance(source[0], list) else [source]
     if state.tokenizer is None:
@@ -162,6 +161,12 @@ async def _render_chats(body: PoolingRequestBase, state: EmbedderState) -> tuple
             raise bad_request(str(error)) from None
         keys.append(key)
     return keys, token_ids
+
+
+def check_chat_template(chat_template: str | None, template_kwargs: dict | None) -> None:
+    """vLLM refuses a request's own chat template unless started with --trust-request-chat-template."""
+    if chat_template is not None or (template_kwargs or {}).get("chat_template") is not None:
+        raise bad_request(UNTRUSTED_TEMPLATE)
 
 
 def chat_request(messages: list, add_generation_prompt: bool, continue_final_message: bool,

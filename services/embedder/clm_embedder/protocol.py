@@ -27,6 +27,7 @@ Input = list[int] | list[list[int]] | str | list[str] | list[ChatMessage] | list
 # vLLM's cache_salt rule (vllm/entrypoints/generate/base/protocol.py), word for word.
 _SALT_EMPTY = "Parameter 'cache_salt' must be a non-empty string if provided."
 _SALT_BAD = "Parameter 'cache_salt' must be at most 128 characters and must not contain '@', '/', '\\\\', or NUL."
+CHAT_FLAGS_CONFLICT = "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
 _REMOVED_TASKS = {"score": "`score` task was removed; use `classify` instead.",
                   "encode": "`encode` task was removed; use `token_embed` or `token_classify` instead."}
 
@@ -89,8 +90,7 @@ class PoolingRequestBase(BaseModel):
     @model_validator(mode="after")
     def _check_chat_flags(self) -> "PoolingRequestBase":
         if self.is_chat and self.continue_final_message and self.add_generation_prompt:
-            raise APIError(400, "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
-                           err_type="BadRequestError")
+            raise APIError(400, CHAT_FLAGS_CONFLICT, err_type="BadRequestError")
         if self.input is None and self.messages is None:
             raise APIError(400, "1 validation error:\n  {'type': 'missing', 'loc': 'body.input', 'msg': 'Field "
                                 "required', 'input': 'None'}", param="body.input", err_type="Bad Request")

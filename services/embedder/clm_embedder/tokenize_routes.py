@@ -16,7 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from clm.encoders.tokenizer import TokenizerRefused
 from clm_http.errors import APIError
 
-from .inputs import UNTRUSTED_TEMPLATE, bad_request, chat_request
+from .inputs import bad_request, chat_request, check_chat_template
+from .protocol import CHAT_FLAGS_CONFLICT
 from .routes import require_json
 from .state import EmbedderState
 
@@ -63,9 +64,8 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict:
     chat = None
     if body.messages is not None:
         if body.continue_final_message and body.add_generation_prompt:
-            raise bad_request("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
-        if body.chat_template is not None or (body.chat_template_kwargs or {}).get("chat_template") is not None:
-            raise bad_request(UNTRUSTED_TEMPLATE)
+            raise bad_request(CHAT_FLAGS_CONFLICT)
+        check_chat_template(body.chat_template, body.chat_template_kwargs)
         special = bool(body.add_special_tokens)
         chat = chat_request(body.messages, body.add_generation_prompt, body.continue_final_message,
                             body.chat_template_kwargs, special)
