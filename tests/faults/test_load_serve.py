@@ -148,5 +148,5 @@ def test_serve_under_load_while_versions_publish(fault_report, tmp_path, tiny_qw
     assert [label for label, _ in outcome["published"]] == ["v0002", "v0003", "v0004"], outcome["published"]
     assert versions_seen == ["v0001", "v0002", "v0003", "v0004"], versions_seen
     assert outcome["heads"]["version"] == "v0004" and outcome["heads"]["last_error"] is None, outcome["heads"]
-    assert 'clm_serve_heads_reloads_total{outcome="success"} 4.0' in outcome["metrics"]
+    assert 'clm_serve_heads_reloads_total{model="clm-latest",outcome="success"} 4.0' in outcome["metrics"]
     assert p99 < max(P99_BUDGET_MS, STALL_MEDIANS * p50), f"p99 {p99:.0f} ms, p50 {p50:.0f} ms"

@@ -188,7 +188,7 @@ def test_page_loads_without_console_errors_and_lists_the_served_model(serve, bro
     assert browser.title == "clm-serve playground"
     assert "v0001" in tid(browser, "status").text
     picker = Select(tid(browser, "model"))
-    assert [option.get_attribute("value") for option in picker.options][1:] == ["clm-latest", "clm", "clm-raw"]
+    assert [option.get_attribute("value") for option in picker.options][1:] == ["clm-latest", "clm", "triage", "clm-raw"]
     assert picker.first_selected_option.get_attribute("value") == "clm-latest"
     # the example is preloaded: a state and one question of each type
     assert "impossible travel" in tid(browser, "state").get_attribute("value")
@@ -364,9 +364,9 @@ def test_a_playground_served_elsewhere_calls_across_origins(serve, browser, else
     tid(browser, "api-key").send_keys("cross-origin-key")
     tid(browser, "api-key").send_keys(Keys.TAB)
     _wait(browser, lambda d: tid(d, "status").get_attribute("data-state") == "ok", "clm-serve's status across origins")
-    _wait(browser, lambda d: len(Select(tid(d, "model")).options) == 4, "the model list across origins")
+    _wait(browser, lambda d: len(Select(tid(d, "model")).options) == 5, "the model list across origins")
     assert [o.get_attribute("value") for o in Select(tid(browser, "model")).options] == [
-        "", "clm-latest", "clm", "clm-raw"]  # clm-serve's names (OpenAI cards, aliases included)
+        "", "clm-latest", "clm", "triage", "clm-raw"]  # clm-serve's names (OpenAI cards, aliases included)
     assert Select(tid(browser, "model")).first_selected_option.get_attribute("value") == "clm-latest"
     assert text_of(browser, "view-curl").startswith(f"curl -sS '{serve.url}/v1/systemone'")
     send_and_wait(browser)

@@ -23,6 +23,9 @@ from support.serve import (
 pytestmark = pytest.mark.anyio
 
 
+LATEST = 'model="clm-latest"'
+
+
 def _metric(text: str, name: str, labels: str = "") -> float:
     """The value of one sample in Prometheus text format (0 when absent)."""
     prefix = f"{name}{{{labels}}} " if labels else f"{name} "
@@ -107,7 +110,7 @@ async def test_invalid_requests_get_vllms_400(tmp_path, tiny_model_dir, tiny_enc
         response = await client.post("/v1/systemone", content=infinite, headers={"content-type": "application/json"})
         assert_vllm_error(response, 400, schemas, "state.x[1].y")
         error = assert_vllm_error(await client.post("/v1/systemone", json={**TRIAGE_REQUEST, "model": "gpt-4"}),
-                                  404, schemas, "The model `gpt-4` does not exist. Valid aliases: clm-latest, clm, clm-raw.")
+                                  404, schemas, "The model `gpt-4` does not exist. Valid aliases: clm-latest, clm, triage, clm-raw.")
         assert error["type"] == "NotFoundError" and error["param"] == "model"
         # Unknown top-level fields are ignored, as by vLLM's OpenAI models (extra="allow").
         assert (await client.post("/v1/systemone", json={**TRIAGE_REQUEST, "top_k": 0})).status_code == 200
@@ -169,9 +172,9 @@ async def test_heads_for_another_encoder_or_template_are_refused(tmp_path, tiny_
         assert heads["version"] == "v0003" and heads["metrics"] == {"seed": 3, "accuracy": 0.53}
         assert heads["fingerprint"] == fingerprint.as_dict() and heads["parent"] is None and heads["loaded_at"]
         metrics = (await client.get("/metrics")).text
-        assert _metric(metrics, "clm_serve_heads_reloads_total", 'outcome="failure"') == 2
-        assert _metric(metrics, "clm_serve_heads_reloads_total", 'outcome="success"') == 1
-        assert _metric(metrics, "clm_serve_heads_version") == 3
+        assert _metric(metrics, "clm_serve_heads_reloads_total", 'model="clm-latest",outcome="failure"') == 2
+        assert _metric(metrics, "clm_serve_heads_reloads_total", 'model="clm-latest",outcome="success"') == 1
+        assert _metric(metrics, "clm_serve_heads_version", 'model="clm-latest"') == 3
 
 
 async def _has_error(client, version: str) -> bool:
@@ -195,13 +198,13 @@ async def test_admin_reload_needs_a_configured_token(tmp_path, tiny_model_dir, t
         unchanged = await client.post("/admin/reload", headers=auth)
         assert unchanged.status_code == 200 and unchanged.json()["status"] == "unchanged"
         assert (await client.post("/v1/systemone", json=TRIAGE_REQUEST)).headers["X-CLM-Heads-Version"] == "v0001"
-        misses = _metric((await client.get("/metrics")).text, "clm_serve_action_cache_misses_total")
+        misses = _metric((await client.get("/metrics")).text, "clm_serve_action_cache_misses_total", LATEST)
         publish(root, 2, fingerprint)  # no watcher, no polling in this test: only the admin call sees it
         loaded = (await client.post("/admin/reload", headers=auth)).json()
         assert loaded["status"] == "loaded" and loaded["serving"] == "v0002"
         assert (await client.post("/v1/systemone", json=TRIAGE_REQUEST)).headers["X-CLM-Heads-Version"] == "v0002"
         # The new heads' action cache was warmed with v0001's options before the swap: no new misses.
-        assert _metric((await client.get("/metrics")).text, "clm_serve_action_cache_misses_total") == misses == 10
+        assert _metric((await client.get("/metrics")).text, "clm_serve_action_cache_misses_total", LATEST) == misses == 10
 
 
 async def test_a_single_checkpoint_is_served_without_watching(tmp_path, tiny_model_dir, tiny_encoder, fingerprint):
@@ -277,16 +280,16 @@ async def test_action_cache_and_micro_batching(tmp_path, tiny_model_dir, tiny_en
     async with serve_in_process(settings, tiny_encoder) as (client, app):
         first = await client.post("/v1/systemone", json=TRIAGE_REQUEST)
         metrics = (await client.get("/metrics")).text
-        assert _metric(metrics, "clm_serve_action_cache_misses_total") == 10  # 3 + 2 + 5 option texts
-        assert _metric(metrics, "clm_serve_action_cache_hits_total") == 0
+        assert _metric(metrics, "clm_serve_action_cache_misses_total", LATEST) == 10  # 3 + 2 + 5 option texts
+        assert _metric(metrics, "clm_serve_action_cache_hits_total", LATEST) == 0
 
         # Same options, another state: every option is a hit, and the answers still differ.
         other = copy.deepcopy(TRIAGE_REQUEST)
         other["state"] = "Scheduled backup ran at 02:00 as every night."
         second = await client.post("/v1/systemone", json=other)
         metrics = (await client.get("/metrics")).text
-        assert _metric(metrics, "clm_serve_action_cache_misses_total") == 10
-        assert _metric(metrics, "clm_serve_action_cache_hits_total") == 10
+        assert _metric(metrics, "clm_serve_action_cache_misses_total", LATEST) == 10
+        assert _metric(metrics, "clm_serve_action_cache_hits_total", LATEST) == 10
         assert first.json()["answers"] != second.json()["answers"]
 
         # Concurrent requests share encoder calls and projection batches: fewer of each than requests.
@@ -302,7 +305,8 @@ async def test_action_cache_and_micro_batching(tmp_path, tiny_model_dir, tiny_en
         assert sum(r.json()["usage"]["input_tokens"] for r in responses) > 0
         assert _metric(metrics, "clm_serve_requests_total", 'status="200"') == 10
         assert _metric(metrics, "clm_serve_request_latency_seconds_count") == 10
-        assert _metric(metrics, "clm_serve_questions_total", 'type="score"') == 10
+        assert _metric(metrics, "clm_serve_questions_total", 'model="clm-latest",type="score"') == 10
+        assert _metric(metrics, "clm_serve_model_requests_total", LATEST) == 10
 
 
 class _FaultyEncoder:
@@ -377,8 +381,8 @@ async def test_options_seen_in_training_are_projected_before_the_first_request(t
         assert (await client.get("/v1/heads")).json()["action_cache_entries"] == len(set(trained))
         await client.post("/v1/systemone", json=TRIAGE_REQUEST)
         metrics = (await client.get("/metrics")).text
-        assert _metric(metrics, "clm_serve_action_cache_misses_total") == 0
-        assert _metric(metrics, "clm_serve_action_cache_hits_total") == 10
+        assert _metric(metrics, "clm_serve_action_cache_misses_total", LATEST) == 0
+        assert _metric(metrics, "clm_serve_action_cache_hits_total", LATEST) == 10
 
 
 async def test_a_one_option_choice_is_answered_with_probability_one(tmp_path, tiny_model_dir, tiny_encoder, fingerprint):

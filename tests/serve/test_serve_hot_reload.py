@@ -132,9 +132,9 @@ def test_hot_reload_under_concurrent_load(tmp_path, tiny_model_dir, tiny_encoder
     for label, needle in (("v0003", "non-finite"), ("v0005", "truncated or corrupt"), ("v0007", "refused")):
         assert label in heads_reports[label]["path"] and needle in heads_reports[label]["message"], heads_reports[label]
         assert heads_reports[label]["still_serving"] in seeds
-    assert 'clm_serve_heads_reloads_total{outcome="failure"} 3.0' in metrics
-    assert 'clm_serve_heads_reloads_total{outcome="success"} 4.0' in metrics
-    assert "clm_serve_heads_version 6.0" in metrics
+    assert 'clm_serve_heads_reloads_total{model="clm-latest",outcome="failure"} 3.0' in metrics
+    assert 'clm_serve_heads_reloads_total{model="clm-latest",outcome="success"} 4.0' in metrics
+    assert 'clm_serve_heads_version{model="clm-latest"} 6.0' in metrics
 
 
 async def _scenario(url: str, root: Path, fingerprint, marker: Path):

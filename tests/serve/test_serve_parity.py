@@ -86,4 +86,4 @@ async def test_served_probabilities_equal_the_recipes_evaluation(shape, tmp_path
         assert compared == len(reference)
         # Warmed from the records file: no option of these records was ever projected on a request.
         metrics = (await client.get("/metrics")).text
-        assert "clm_serve_action_cache_misses_total 0.0" in metrics
+        assert 'clm_serve_action_cache_misses_total{model="clm-latest"} 0.0' in metrics

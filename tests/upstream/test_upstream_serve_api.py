@@ -3,10 +3,13 @@
 Real processes on loopback: our embedder over the tiny Qwen3 (keeping float32 vectors), our clm-serve and
 upstream's clm-serve (its unpacked wheel) serving the SAME upstream-format heads file over that embedder,
 and upstream's ``CLMClient`` (in a subprocess: its import name ``clm`` is ours too) with its defaults
-(model ``clm-latest``), pointed at each server in turn:
+(model ``clm-latest``), pointed at each server in turn. Both serve several heads the way upstream's
+command line configures them: ``clm-latest`` from ``--ckpt`` (``CLM_CKPT``), every other ``*.pt`` of
+``--ckpt-dir`` (``CLM_SERVE_CKPT_DIR``; the default file, which sits in it, skipped) and ``--model
+extra=PATH`` (``CLM_SERVE_MODELS``):
 
 * ``system_one`` with ``Noul``/``Choice``/``Score`` objects and with wire dicts, with and without
-  ``temperature``, on ``clm-latest`` and ``clm-raw``; ``rank``; ``models``; ``health``; the latency header;
+  ``temperature``, on ``clm-latest``, ``alpha`` (a ``ckpt_dir`` file), ``extra`` and ``clm-raw``; ``rank``; ``models``; ``health``; the latency header;
   and, on ours, a wrong API key (``CLMError`` 401 with upstream's message);
 * every field the client reads is the same on both servers (<= 1e-3, same top answers), except
   ``usage.input_tokens``, which counts different things (upstream: the texts its caches missed, states
@@ -33,6 +36,7 @@ MAX_TOKENS = 256
 EMBEDDER_MODEL = "clm-encoder"
 TOLERANCE = 1e-3
 API_KEY = "s3cret-key"
+SERVED = ["clm-latest", "alpha", "extra", "clm-raw"]  # upstream's order: --ckpt, --ckpt-dir stems, --model
 
 STATE = {"customer": "my invoice was charged twice and nobody answers the phone!", "plan": "pro",
          "history": ["refund asked", {"ticket": 17, "open": True}]}
@@ -69,7 +73,7 @@ out = {"runs": [], "ranks": []}
 with CLMClient(base_url=cfg["url"], api_key=cfg["key"]) as client:
     out["health"] = client.health()
     out["models"] = client.models()
-    for model in (None, "clm-raw"):
+    for model in cfg["models"]:
         for temperature in (None, 0.5, 3.0):
             for questions in (objects, wire):
                 out["runs"].append(dump(client.system_one(cfg["state"], questions, model=model,
@@ -97,7 +101,7 @@ emit(out)
 
 
 def _client_calls(url: str, key: str | None) -> dict:
-    config = json.dumps({"url": url, "key": key, "state": STATE})
+    config = json.dumps({"url": url, "key": key, "state": STATE, "models": [None, *SERVED[1:]]})
     return run_upstream_python(f"CFG = {config!r}\n" + _CLIENT_SCRIPT, timeout=300)
 
 
@@ -110,17 +114,23 @@ def both(tmp_path_factory, tiny_qwen3_dir, upstream_clm):
     serve = None
     try:
         dim = httpx.get(f"{embedder.url}/v1/encoder", timeout=10).json()["dim"]
-        ckpt = write_upstream_checkpoint(root / "CLM_upstream.pt", hidden_size=dim, width=48, depth=2,
-                                         projection_dim=24, logit_scale=2.5, seed=3)
+        heads_dir = root / "heads"
+        heads_dir.mkdir()
+        ckpt, _, extra = (write_upstream_checkpoint(path, hidden_size=dim, width=48, depth=2, projection_dim=24,
+                                                    logit_scale=2.5, seed=seed)
+                          for path, seed in ((heads_dir / "CLM_upstream.pt", 3), (heads_dir / "alpha.pt", 5),
+                                             (root / "extra.pt", 7)))
         serve = Serve(root / "logs", root / "unused-root", "unused", embedder.url)
         serve.env.update({
-            "CLM_CKPT": str(ckpt), "CLM_SERVE_ENCODER_MAX_TOKENS": str(MAX_TOKENS),
+            "CLM_CKPT": str(ckpt), "CLM_SERVE_CKPT_DIR": str(heads_dir), "CLM_SERVE_MODELS": f"extra={extra}",
+            "CLM_SERVE_ENCODER_MAX_TOKENS": str(MAX_TOKENS),
             "CLM_SERVE_EMBEDDING_ROUND_TO": "float32", "CLM_API_KEY": API_KEY,
             "CLM_SERVE_ASSUMED_ENCODER_MODEL": tiny_qwen3_dir.name, "CLM_SERVE_ASSUMED_ENCODER_POOLING": "last",
             "CLM_SERVE_ASSUMED_ENCODER_NORMALIZE": "true", "CLM_SERVE_ASSUMED_ENCODER_WIDTH": str(dim)})
         serve.start()
         with UpstreamServe(root / "logs", ckpt=ckpt, embedder_url=embedder.url, emb_model=EMBEDDER_MODEL,
-                           max_tokens=MAX_TOKENS) as upstream:
+                           max_tokens=MAX_TOKENS,
+                           extra_args=("--ckpt-dir", str(heads_dir), "--model", f"extra={extra}")) as upstream:
             theirs = _client_calls(upstream.url, None)
         ours = _client_calls(serve.url, API_KEY)
         yield ours, theirs
@@ -138,11 +148,11 @@ def _top(answer: dict) -> str:
 def test_upstreams_client_works_against_our_serve(both):
     ours, _ = both
     assert ours["health"] is True
-    assert [m["name"] for m in ours["models"]] == ["clm-latest", "clm-raw"]
+    assert [m["name"] for m in ours["models"]] == SERVED
     assert all(set(m) == {"name", "release_date", "description"} for m in ours["models"])
-    assert len(ours["runs"]) == 12 and len(ours["ranks"]) == 6
+    assert len(ours["runs"]) == 6 * len(SERVED) and len(ours["ranks"]) == 3 * len(SERVED)
     for run in ours["runs"]:
-        assert run["model"] in ("clm-latest", "clm-raw") and run["usage"]["billing_units"] == len(run["answers"])
+        assert run["model"] in SERVED and run["usage"]["billing_units"] == len(run["answers"])
         assert run["latency_ms"] is not None and run["latency_ms"] >= 0
         assert {a["type"] for a in run["answers"].values()} == {"noul", "choice", "score"}
     assert ours["bad_temperature"] == [400, "temperature must be in (0, 100]"]
@@ -176,7 +186,10 @@ def test_every_field_upstreams_client_reads_is_upstreams(both):
             if their_answer["type"] == "score":
                 assert our_answer["legend"] == their_answer["legend"]
             compared += 1
-    assert compared == 12 * 4 + 6  # objects: 4 questions, wire dicts: 5, six times each
+    assert compared == 3 * len(SERVED) * (4 + 5)  # objects: 4 questions, wire dicts: 5; 3 temperatures each
+    # each served model answers with its own heads (not the same numbers four times)
+    team = [run["answers"]["team"]["probabilities"] for run in ours["runs"][::6]]
+    assert len(team) == len(SERVED) and all(team[i] != team[j] for i in range(len(team)) for j in range(i))
     # temperature changes the answers on both (a real check, not the same numbers six times)
     assert ours["runs"][0]["answers"]["team"]["probabilities"] != ours["runs"][2]["answers"]["team"]["probabilities"]
     for mine, yours in zip(ours["ranks"], theirs["ranks"], strict=True):

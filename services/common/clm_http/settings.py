@@ -20,9 +20,10 @@ LogLevel = Literal["debug", "info", "warning", "error"]
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
-def port_field(default: int) -> Any:
-    """The ``port`` field with a service's default (the meaning and bounds are the same everywhere)."""
-    return Field(default, ge=1, le=65535, description="TCP port to listen on.")
+def port_field(default: int, **options: Any) -> Any:
+    """The ``port`` field with a service's default (the meaning and bounds are the same everywhere);
+    ``options`` are more ``Field`` arguments, e.g. a ``validation_alias`` for a second variable."""
+    return Field(default, ge=1, le=65535, description="TCP port to listen on.", **options)
 
 
 def body_limit_field(default: int) -> Any:

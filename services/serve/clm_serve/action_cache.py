@@ -7,10 +7,11 @@ option alone, never the question), so each is embedded and projected once:
   depend on the heads, so it lives as long as the service (and the encoder,
   whose fingerprint every loaded checkpoint must match) and survives swaps.
 * ``ActionCache``: option text → action-head projection. It *does* depend on
-  the heads, so it belongs to one ``LoadedHeads`` object: a swap replaces it
-  together with the weights in one reference assignment, and a request that
-  started on the old heads keeps reading the old cache. It can never serve a
-  projection made by other weights.
+  the heads, so it belongs to one ``LoadedHeads`` object: a view keyed by that
+  version of the one ``SharedActionCache`` all heads share (one memory bound).
+  A swap replaces it together with the weights in one reference assignment,
+  and a request that started on the old heads keeps reading the old version's
+  entries. It can never serve a projection made by other weights.
 
 Both are LRU-bounded: option texts come from callers, and an unbounded cache
 is a memory leak any client can drive. Both are touched only from the event
@@ -145,36 +146,108 @@ class OptionEmbeddings:
                 self._pending.pop(text, None)
 
 
+class SharedActionCache:
+    """Action-head projections of option texts for every heads this process serves: one LRU keyed by
+    (heads version, option text), so all heads share one memory bound (as upstream contrastive-lm keys
+    its arena by head and generation) and no heads can ever read another's projections."""
+
+    def __init__(self, max_entries: int) -> None:
+        if max_entries < 1:
+            raise ValueError(f"max_entries must be positive, got {max_entries}")
+        self.max_entries = max_entries
+        self._data: OrderedDict[tuple[str, str], torch.Tensor] = OrderedDict()
+        self._counts: dict[str, int] = {}
+        self.hits = 0
+        self.misses = 0
+
+    def view(
+        self,
+        heads_key: str,
+        *,
+        on_hits: Callable[[int], None] = lambda n: None,
+        on_misses: Callable[[int], None] = lambda n: None,
+    ) -> "ActionCache":
+        """The cache of one heads version (``heads_key``: unique per loaded version)."""
+        return ActionCache(self, heads_key, on_hits=on_hits, on_misses=on_misses)
+
+    def get(self, heads_key: str, text: str) -> torch.Tensor | None:
+        value = self._data.get((heads_key, text))
+        if value is not None:
+            self._data.move_to_end((heads_key, text))
+        return value
+
+    def put(self, heads_key: str, text: str, value: torch.Tensor) -> None:
+        key = (heads_key, text)
+        if key not in self._data:
+            self._counts[heads_key] = self._counts.get(heads_key, 0) + 1
+        self._data[key] = value
+        self._data.move_to_end(key)
+        while len(self._data) > self.max_entries:
+            (evicted, _), _ = self._data.popitem(last=False)
+            self._uncount(evicted)
+
+    def texts(self, heads_key: str) -> list[str]:
+        """One version's texts, most recently used last (a scan: for reloads, not for requests)."""
+        return [text for key, text in self._data if key == heads_key]
+
+    def drop(self, heads_key: str) -> None:
+        """Forget a version that no longer serves, so its projections do not crowd out live ones."""
+        if not self._counts.pop(heads_key, 0):
+            return
+        for key in [key for key in self._data if key[0] == heads_key]:
+            del self._data[key]
+
+    def has(self, heads_key: str, text: object) -> bool:
+        return (heads_key, text) in self._data
+
+    def count(self, heads_key: str) -> int:
+        return self._counts.get(heads_key, 0)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def _uncount(self, heads_key: str) -> None:
+        left = self._counts.get(heads_key, 0) - 1
+        if left > 0:
+            self._counts[heads_key] = left
+        else:
+            self._counts.pop(heads_key, None)
+
+
 class ActionCache:
-    """Action-head projections of option texts, for one heads version only."""
+    """The projections of one heads version: its view of the shared cache (``SharedActionCache.view``)."""
 
     def __init__(
         self,
-        max_entries: int,
+        shared: SharedActionCache,
+        heads_key: str,
         *,
         on_hits: Callable[[int], None] = lambda n: None,
         on_misses: Callable[[int], None] = lambda n: None,
     ) -> None:
-        self._lru: LRU[torch.Tensor] = LRU(max_entries)
+        self.shared = shared
+        self.heads_key = heads_key
         self._on_hits = on_hits
         self._on_misses = on_misses
 
     def lookup(self, texts: Sequence[str]) -> list[torch.Tensor | None]:
-        found = [self._lru.get(text) for text in texts]
+        found = [self.shared.get(self.heads_key, text) for text in texts]
         misses = sum(1 for vector in found if vector is None)
+        self.shared.hits += len(found) - misses
+        self.shared.misses += misses
         self._on_hits(len(found) - misses)
         self._on_misses(misses)
         return found
 
     def insert(self, texts: Iterable[str], projected: torch.Tensor) -> None:
         for text, vector in zip(texts, projected):
-            self._lru.put(text, vector)
+            self.shared.put(self.heads_key, text, vector)
 
     def texts(self) -> list[str]:
-        return self._lru.keys()
+        return self.shared.texts(self.heads_key)
 
     def __len__(self) -> int:
-        return len(self._lru)
+        return self.shared.count(self.heads_key)
 
     def __contains__(self, text: object) -> bool:
-        return text in self._lru
+        return self.shared.has(self.heads_key, text)

@@ -3,6 +3,10 @@
 A per-app ``CollectorRegistry`` (not the process-global one) lets tests and
 benchmarks run several apps in one process without "duplicated timeseries"
 errors, and makes ``/metrics`` show exactly this service's series.
+
+Series about heads carry a ``model`` label: the served model's name
+(``clm-latest``, a published name, a ``ckpt_dir`` stem; aliases resolved), so
+several heads served at once are told apart.
 """
 
 from __future__ import annotations
@@ -24,7 +28,10 @@ class ServeMetrics:
             "clm_serve_request_latency_seconds", "Wall time of POST /v1/systemone, including encoding.",
             buckets=_LATENCY_BUCKETS, registry=r,
         )
-        self.questions = Counter("clm_serve_questions", "Questions answered.", ["type"], registry=r)
+        self.questions = Counter("clm_serve_questions", "Questions answered, by served model and question type.",
+                                 ["model", "type"], registry=r)
+        self.answers = Counter("clm_serve_model_requests", "Requests answered (POST /v1/systemone and /v1/rank), "
+                               "by served model (`clm-raw` too).", ["model"], registry=r)
         self.batch_questions = Histogram(
             "clm_serve_projection_batch_questions", "Questions per micro-batched state projection.",
             buckets=_BATCH_BUCKETS, registry=r,
@@ -34,27 +41,30 @@ class ServeMetrics:
             buckets=_BATCH_BUCKETS, registry=r,
         )
         self.heads_version = Gauge(
-            "clm_serve_heads_version", "Numeric version of the heads serving now (vNNNN); 0 when none is loaded "
-            "or the checkpoint is not a published version.", registry=r,
+            "clm_serve_heads_version", "Numeric version of the heads serving now (vNNNN), by served model; 0 when "
+            "none is loaded or the checkpoint is not a published version.", ["model"], registry=r,
         )
-        self.heads_loaded = Gauge("clm_serve_heads_loaded", "1 when heads are loaded and serving.", registry=r)
+        self.heads_loaded = Gauge("clm_serve_heads_loaded", "1 when the model's heads are loaded and serving.",
+                                  ["model"], registry=r)
         self.reloads = Counter(
-            "clm_serve_heads_reloads", "Attempts to load a new heads version, by outcome (success, failure).",
-            ["outcome"], registry=r,
+            "clm_serve_heads_reloads", "Attempts to load a new heads version, by served model and outcome "
+            "(success, failure).", ["model", "outcome"], registry=r,
         )
         self.reload_seconds = Histogram(
             "clm_serve_heads_reload_seconds", "Load, validate and warm time of a heads version, until the swap.",
             buckets=_LATENCY_BUCKETS, registry=r,
         )
         self.action_cache_hits = Counter(
-            "clm_serve_action_cache_hits", "Option projections served from the action cache.", registry=r
+            "clm_serve_action_cache_hits", "Option projections served from the action cache, by served model.",
+            ["model"], registry=r,
         )
         self.action_cache_misses = Counter(
             "clm_serve_action_cache_misses", "Option projections computed on demand (first sight of an option "
-            "text for the loaded heads).", registry=r,
+            "text for the loaded heads), by served model.", ["model"], registry=r,
         )
         self.action_cache_size = Gauge(
-            "clm_serve_action_cache_entries", "Projected option vectors held for the loaded heads.", registry=r
+            "clm_serve_action_cache_entries", "Projected option vectors held, all heads together (one shared LRU).",
+            registry=r,
         )
         self.option_texts_encoded = Counter(
             "clm_serve_option_texts_encoded", "Option texts sent to the encoder (not yet in the option store).",
@@ -64,5 +74,3 @@ class ServeMetrics:
             "clm_serve_encoder_changes", "Times the embedder answered with another encoder digest (heads unloaded, "
             "identity reloaded).", registry=r,
         )
-        for outcome in ("success", "failure"):
-            self.reloads.labels(outcome)

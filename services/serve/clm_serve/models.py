@@ -1,18 +1,20 @@
 """The model names clm-serve answers to, resolved in one place.
 
-Upstream contrastive-lm's clm-serve names its default heads ``clm-latest`` and
-always serves ``clm-raw``, its ablation without heads (``100 x cosine`` of the
-raw, L2-normalised encoder vectors over the same texts). Here:
+Upstream contrastive-lm's clm-serve names its default heads ``clm-latest``,
+serves every other checkpoint it was given under its own name, and always
+serves ``clm-raw``, its ablation without heads (``100 x cosine`` of the raw,
+L2-normalised encoder vectors over the same texts). Here:
 
 * ``served_model_name`` (default ``clm-latest``) and each of
   ``served_model_aliases`` (default ``clm``, this service's earlier name) are
-  the served heads;
+  the default heads;
+* every other served heads has its name (``clm_serve.registry`` says which:
+  published names, ``ckpt_dir`` files, ``models`` entries);
 * ``clm-raw`` is always there;
-* a request without ``model`` (null or ``""`` too) is answered by the heads;
+* a request without ``model`` (null or ``""`` too) is answered by the default heads;
 * any other name is vLLM's 404, listing the names.
 
-:func:`resolve_model` is the only place a name becomes a model, so a registry
-of several heads can grow behind it.
+:func:`resolve_model` is the only place a name becomes a model.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class ServedModel:
 
     name: str  # as asked for (or the default name): the response's ``model``
     kind: Literal["heads", "raw"]
+    served: str  # the served model it means (an alias resolved): the heads registry's and the metrics' name
 
     @property
     def is_raw(self) -> bool:
@@ -48,30 +51,48 @@ def aliases(settings: ServeSettings) -> list[str]:
     return [name for name in dict.fromkeys(names) if name and name not in (settings.served_model_name, RAW_MODEL)]
 
 
-def model_names(settings: ServeSettings) -> list[str]:
-    """Upstream's list (its /v1/models and /health order): the heads, then ``clm-raw``; aliases not included."""
-    return [settings.served_model_name, RAW_MODEL]
+@dataclass(frozen=True)
+class ServedNames:
+    """The names served now: ``heads`` maps every name a request may give for heads (aliases included) to
+    the served model it means; ``served`` lists those models, the default first."""
+
+    default: str
+    served: tuple[str, ...]
+    heads: dict[str, str]
+
+    def model_names(self) -> list[str]:
+        """Upstream's list (its /v1/models and /health order): the default heads, the other heads by name, then
+        ``clm-raw``; aliases not included."""
+        return [self.default, *sorted(name for name in self.served if name != self.default), RAW_MODEL]
+
+    def all_names(self) -> list[str]:
+        """Every name a request may give: the heads' names and aliases, ``clm-raw``."""
+        return [*self.heads, RAW_MODEL]
+
+    def aliases_of(self, model: str) -> list[str]:
+        return [name for name, target in self.heads.items() if target == model and name != model]
 
 
-def all_names(settings: ServeSettings) -> list[str]:
-    """Every name a request may give: the heads' name, its aliases, ``clm-raw``."""
-    return [settings.served_model_name, *aliases(settings), RAW_MODEL]
-
-
-def resolve_model(settings: ServeSettings, requested: str | None) -> ServedModel:
+def resolve_model(names: ServedNames, requested: str | None) -> ServedModel:
     """The model a request names; vLLM's 404 (``NotFoundError``, ``param: model``) for an unknown name."""
     if not requested:
-        return ServedModel(settings.served_model_name, "heads")
+        return ServedModel(names.default, "heads", names.default)
     if requested == RAW_MODEL:
-        return ServedModel(RAW_MODEL, "raw")
-    if requested == settings.served_model_name or requested in aliases(settings):
-        return ServedModel(requested, "heads")
-    raise APIError(404, f"The model `{requested}` does not exist. Valid aliases: {', '.join(all_names(settings))}.",
+        return ServedModel(RAW_MODEL, "raw", RAW_MODEL)
+    if (served := names.heads.get(requested)) is not None:
+        return ServedModel(requested, "heads", served)
+    raise APIError(404, f"The model `{requested}` does not exist. Valid aliases: {', '.join(names.all_names())}.",
                    param="model", err_type="NotFoundError")
 
 
-def model_cards(settings: ServeSettings, heads_created_at: str | None = None) -> list[dict[str, str]]:
-    """Upstream's ``/v1/models`` entries ``{name, release_date, description}``, in its order."""
-    heads_date = (heads_created_at or "")[:10] or UPSTREAM_RELEASE
-    return [{"name": settings.served_model_name, "release_date": heads_date, "description": HEADS_DESCRIPTION},
-            {"name": RAW_MODEL, "release_date": UPSTREAM_RELEASE, "description": RAW_DESCRIPTION}]
+def model_cards(names: ServedNames, created_at: dict[str, str | None], files: dict[str, str]) -> list[dict[str, str]]:
+    """Upstream's ``/v1/models`` entries ``{name, release_date, description}``, in its order and words (a head
+    other than the default is "Projection-head checkpoint <its file>"); a head's date is its checkpoint's
+    creation day (upstream's release date when unknown)."""
+    def card(name: str) -> dict[str, str]:
+        if name == RAW_MODEL:
+            return {"name": name, "release_date": UPSTREAM_RELEASE, "description": RAW_DESCRIPTION}
+        description = HEADS_DESCRIPTION if name == names.default else f"Projection-head checkpoint {files[name]}"
+        return {"name": name, "release_date": (created_at.get(name) or "")[:10] or UPSTREAM_RELEASE,
+                "description": description}
+    return [card(name) for name in names.model_names()]

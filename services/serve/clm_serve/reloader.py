@@ -1,13 +1,15 @@
 """Hot reload: find the heads to serve, load them off the request path, swap atomically.
 
+One ``HeadsManager`` per served model (``clm_serve.registry`` opens them).
 Sources of a reload: start-up, the ``latest`` pointer changing (watchfiles,
 with a polling loop as a fallback for filesystems that deliver no events,
-such as NFS or some container volumes), and ``POST /admin/reload``.
+such as NFS or some container volumes), a fixed file changing (polled: size
+and modification time), and ``POST /admin/reload``.
 
 A reload, serialised by one lock:
 
 1. resolves the target (``<root>/<name>/latest`` → ``vNNNN``, or the fixed
-   ``CLM_CKPT``); the same target as now serving is a no-op;
+   file); the same target as now serving is a no-op;
 2. loads and validates it on a worker thread (format, version, manifest
    hashes, shapes, finite weights, plain-tensor pickle, size, encoder fingerprint
    (or, for an upstream-format file without one, the configured assumed encoder),
@@ -16,7 +18,8 @@ A reload, serialised by one lock:
    have seen (and the configured warm-up set): their encoder vectors are
    already held, so this is one projection, not an encoder pass;
 4. publishes with one reference assignment. Requests already running finish
-   on the heads they captured.
+   on the heads they captured; the replaced version's projections leave the
+   shared action cache.
 
 A refused checkpoint leaves the current heads serving; the refusal is logged,
 counted, and reported by ``GET /v1/heads`` (``last_error``). A target that
@@ -41,7 +44,7 @@ from typing import Literal
 from clm.checkpoint import LATEST_FILE, PT_FILE, CheckpointError, read_option_texts, resolve_latest
 from clm.encoders.base import EncoderBackend, EncoderError
 
-from clm_serve.action_cache import ActionCache
+from clm_serve.action_cache import SharedActionCache
 from clm_serve.engine import DecisionEngine
 from clm_serve.loaded_heads import HeadsRefused, LoadedHeads, load_heads
 from clm_serve.metrics import ServeMetrics
@@ -96,14 +99,25 @@ def warm_option_texts(path: Path, max_options: int) -> list[str]:
 
 
 class HeadsManager:
+    """The heads of one served model (``name``): ``path`` is a published name's folder (``published``: follow
+    its ``latest``) or a fixed .pt file / version folder."""
+
     def __init__(
         self,
+        name: str,
+        path: Path,
+        published: bool,
         settings: ServeSettings,
         encoder: EncoderBackend,
         engine: DecisionEngine,
         metrics: ServeMetrics,
+        actions: SharedActionCache,
         warm_texts: list[str] | None = None,
     ) -> None:
+        self.name = name
+        self.path = path
+        self.published = published
+        self.actions = actions
         self.settings = settings
         self.encoder = encoder
         self.engine = engine
@@ -115,22 +129,25 @@ class HeadsManager:
         self._identity: str | None = None
         self._failed: dict[str, str] = {}
         self._lock = asyncio.Lock()
+        for outcome in ("success", "failure"):  # both series from the start, at 0
+            metrics.reloads.labels(name, outcome)
+        metrics.heads_loaded.labels(name).set(0)
 
     # -- target --------------------------------------------------------------------------------
 
     @property
     def name_dir(self) -> Path:
-        return self.settings.checkpoint_root / self.settings.heads_name
+        return self.path
 
     def _resolve_target(self) -> tuple[Path, str] | None:
         """(path to load, identity) or None when nothing is published yet. Blocking (file reads)."""
-        if self.settings.ckpt is not None:
-            path = self.settings.ckpt
+        if not self.published:
+            path = self.path
             stat = os.stat(path / PT_FILE if path.is_dir() else path)
             return path, f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
         if not (self.name_dir / LATEST_FILE).exists():
             return None
-        published = resolve_latest(self.settings.checkpoint_root, self.settings.heads_name)
+        published = resolve_latest(self.path.parent, self.path.name)
         return published.path, published.sha256
 
     # -- reload --------------------------------------------------------------------------------
@@ -160,10 +177,8 @@ class HeadsManager:
             return ReloadOutcome("skipped", trigger, str(path), None, self._failed[identity], _now())
 
         started = time.perf_counter()
-        cache = ActionCache(
-            self.settings.action_cache_max_entries,
-            on_hits=self.metrics.action_cache_hits.inc, on_misses=self.metrics.action_cache_misses.inc,
-        )
+        cache = self.actions.view(f"{self.name}@{identity}", on_hits=self.metrics.action_cache_hits.labels(self.name).inc,
+                                  on_misses=self.metrics.action_cache_misses.labels(self.name).inc)
         try:
             new = await asyncio.to_thread(
                 load_heads, path, encoder=self.encoder.fingerprint, encoder_dim=self.encoder.dim, action_cache=cache,
@@ -186,13 +201,14 @@ class HeadsManager:
             warmed = 0
             logger.warning("heads %s: action cache warm-up skipped (encoder unavailable: %s)", new.version, error)
         old, self.current, self._identity = self.current, new, identity  # the swap: one reference assignment
+        if old is not None and old.actions.heads_key != new.actions.heads_key:
+            self.actions.drop(old.actions.heads_key)
         elapsed = time.perf_counter() - started
-        self.metrics.reloads.labels("success").inc()
+        self.metrics.reloads.labels(self.name, "success").inc()
         self.metrics.reload_seconds.observe(elapsed)
-        self.metrics.heads_version.set(new.version_number or 0)
-        self.metrics.heads_loaded.set(1)
-        self.metrics.action_cache_size.set(len(new.actions))
-        message = (f"serving {new.version} from {new.path} (was {old.version if old else 'none'}); "
+        self.metrics.heads_version.labels(self.name).set(new.version_number or 0)
+        self.metrics.heads_loaded.labels(self.name).set(1)
+        message = (f"{self.name}: serving {new.version} from {new.path} (was {old.version if old else 'none'}); "
                    f"{warmed} option projections warmed in {elapsed:.3f}s")
         logger.info("heads reload (%s): %s", trigger, message)
         return ReloadOutcome("loaded", trigger, str(path), new.version, message, _now())
@@ -213,8 +229,9 @@ class HeadsManager:
         serving = self._version()
         self.last_error = {"message": message, "path": None if path is None else str(path), "trigger": trigger,
                            "at": _now(), "still_serving": serving}
-        self.metrics.reloads.labels("failure").inc()
-        logger.error("heads reload (%s) refused %s: %s; still serving %s", trigger, path, message, serving or "nothing")
+        self.metrics.reloads.labels(self.name, "failure").inc()
+        logger.error("heads reload of %s (%s) refused %s: %s; still serving %s", self.name, trigger, path, message,
+                     serving or "nothing")
         return ReloadOutcome("failed", trigger, None if path is None else str(path), None, message, _now())
 
     # -- watching ------------------------------------------------------------------------------
@@ -222,7 +239,7 @@ class HeadsManager:
     async def watch(self, stop: asyncio.Event) -> None:
         """Reload whenever ``latest`` moves, until ``stop`` is set: file events plus a polling fallback."""
         tasks = [asyncio.create_task(self._poll(stop), name="clm-serve-poll")]
-        if self.settings.watch:
+        if self.settings.watch and self.published:  # a fixed file is polled (one stat per interval)
             tasks.append(asyncio.create_task(self._watch_files(stop), name="clm-serve-watch"))
         try:
             await stop.wait()
@@ -250,7 +267,7 @@ class HeadsManager:
     async def _watch_files(self, stop: asyncio.Event) -> None:
         from watchfiles import awatch
 
-        root = self.settings.checkpoint_root
+        root = self.path.parent
         while not stop.is_set():
             # Watch the name folder once it exists (events on `latest`), else the root for its creation.
             target = self.name_dir if self.name_dir.is_dir() else root if root.is_dir() else None

@@ -13,7 +13,7 @@ from clm_http.auth import require_bearer
 from clm_http.errors import APIError
 
 from clm_serve.loaded_heads import LoadedHeads
-from clm_serve.models import RAW_MODEL, aliases, model_cards, model_names
+from clm_serve.models import RAW_MODEL, model_cards
 from clm_serve.protocol import ErrorResponse, RankRequest, RankResponse, StructuredDecisionRequest
 from clm_serve.runtime import ServeRuntime
 from clm_serve.serving import ServingStructuredDecisions
@@ -68,44 +68,53 @@ async def rank(body: RankRequest, raw_request: Request) -> JSONResponse:
 
 @router.get("/v1/heads")
 async def heads_status(request: Request) -> dict:
-    """What is serving, where it came from, and the last refused checkpoint (``last_error``)."""
+    """What is serving, where it came from, and the last refused checkpoint (``last_error``): the default
+    heads' fields at the top level, every served model's under ``models``, names past ``max_models`` in
+    ``not_loaded``."""
     runtime = _runtime(request)
-    settings = runtime.settings
-    manager = runtime.manager
-    current = manager.current if manager is not None else None
-    info = current.info() if current is not None else {}
+    registry = runtime.registry
+    models = {name: _model_status(runtime, name) for name in registry.sources}
     encoder = runtime.encoder
     return {
         "object": "heads",
         "status": runtime.phase,
-        "mode": "single" if settings.ckpt is not None else "watch",
-        "source": str(settings.ckpt or settings.checkpoint_root / settings.heads_name),
-        "version": info.get("version"),
-        "path": info.get("path"),
-        "sha256": info.get("sha256"),
-        "fingerprint": info.get("fingerprint"),
-        # heads without a fingerprint (an upstream-format file): the encoder they were accepted for by assumption
-        "assumed_encoder": info.get("assumed_encoder"),
-        "template_version": info.get("template_version"),
-        "loaded_at": info.get("loaded_at"),
-        "created_at": info.get("created_at"),
-        "parent": info.get("parent"),
-        "metrics": info.get("metrics"),
-        "config": info.get("config"),
-        "logit_scale": info.get("logit_scale"),
-        "action_cache_entries": info.get("action_cache_entries"),
+        **models[runtime.settings.served_model_name],
         "encoder": None if encoder is None else {
             "model": encoder.fingerprint.model, "dim": encoder.dim, "digest": encoder.fingerprint.digest,
             "fingerprint": encoder.fingerprint.as_dict(),
         },
+        "models": models,
+        "not_loaded": list(registry.not_loaded),
+        "action_cache": {"entries": len(registry.actions), "capacity": registry.actions.max_entries},
+    }
+
+
+def _model_status(runtime: ServeRuntime, name: str) -> dict:
+    source = runtime.registry.sources[name]
+    manager = runtime.registry.managers.get(name)
+    current = manager.current if manager is not None else None
+    info = current.info() if current is not None else {}
+    return {
+        "mode": source.mode,
+        "source": str(source.path),
+        "origin": source.origin,
+        "aliases": runtime.registry.names.aliases_of(name),
+        "status": "ready" if current is not None else runtime.model_phase(name),
+        **{key: info.get(key) for key in (
+            "version", "path", "sha256", "fingerprint",
+            # heads without a fingerprint (an upstream-format file): the encoder they were accepted for by assumption
+            "assumed_encoder", "template_version", "loaded_at", "created_at", "parent", "metrics", "config",
+            "logit_scale", "action_cache_entries")},
         "last_error": None if manager is None else manager.last_error,
         "recent_reloads": [] if manager is None else [event.as_dict() for event in manager.events],
     }
 
 
 @router.post("/admin/reload", responses={status: {"model": ErrorResponse} for status in (401, 403, 404, 409, 503)})
-async def admin_reload(request: Request) -> dict:
-    """Reload now (and retry a version refused before). Needs ``Authorization: Bearer <CLM_SERVE_ADMIN_TOKEN>``.
+async def admin_reload(request: Request, model: str | None = None) -> dict:
+    """Reload now (and retry a version refused before): every served model, or the one named by ``?model=``.
+    Needs ``Authorization: Bearer <CLM_SERVE_ADMIN_TOKEN>``. The default heads' outcome is at the top level,
+    every model's under ``models``; 409 when a target was refused (the others still reloaded).
 
     With no token configured the route answers 404: an unconfigured service
     exposes no admin surface at all (rather than an open one).
@@ -114,13 +123,20 @@ async def admin_reload(request: Request) -> dict:
     if not runtime.settings.admin_token.get_secret_value():
         raise APIError(404, "POST /admin/reload is disabled: set CLM_SERVE_ADMIN_TOKEN to enable it")
     require_bearer(request, runtime.settings.admin_token)
+    served = None if model is None else runtime.registry.resolve(model).served
+    if served == RAW_MODEL:
+        raise APIError(400, "clm-raw has no heads to reload", param="model")
     if runtime.manager is None:
         raise APIError(503, f"not ready to load heads: {runtime.phase}", headers={"Retry-After": "1"})
-    outcome = await runtime.manager.reload("admin", retry_failed=True)
-    if outcome.status == "failed":
-        raise APIError(409, f"refused {outcome.target}: {outcome.message}", err_type="ConflictError")
-    current = runtime.manager.current
-    return {**outcome.as_dict(), "serving": None if current is None else current.version}
+    outcomes = await runtime.registry.reload("admin", name=served, retry_failed=True)
+    if failed := [(name, o) for name, o in outcomes.items() if o.status == "failed"]:
+        raise APIError(409, "; ".join(f"refused {o.target}{'' if len(outcomes) == 1 else f' ({name})'}: {o.message}"
+                                      for name, o in failed), err_type="ConflictError")
+    first = outcomes.get(runtime.settings.served_model_name) or next(iter(outcomes.values()))
+    manager = runtime.registry.managers.get(served or runtime.settings.served_model_name)
+    current = None if manager is None else manager.current
+    return {**first.as_dict(), "serving": None if current is None else current.version,
+            "models": {name: outcome.as_dict() for name, outcome in outcomes.items()}}
 
 
 @router.get("/health")
@@ -132,24 +148,23 @@ async def health(request: Request) -> JSONResponse:
     phase = runtime.phase
     current = runtime.manager.current if runtime.manager is not None else None
     upstream = {"embedder": runtime.encoder is not None and runtime.engine is not None,
-                "models": model_names(runtime.settings), "cache": _cache_stats(runtime, current)}
+                "models": runtime.registry.names.model_names(), "cache": _cache_stats(runtime)}
     if current is None:
         return JSONResponse({"ok": False, "status": "not ready", "reason": phase, **upstream}, status_code=503)
     return JSONResponse({"ok": True, "status": "ok", "heads_version": current.version, **upstream})
 
 
-def _cache_stats(runtime: ServeRuntime, current: LoadedHeads | None) -> dict | None:
-    """The option caches (host memory): projected options of the serving heads, encoder vectors of options."""
+def _cache_stats(runtime: ServeRuntime) -> dict | None:
+    """The option caches (host memory): projected options of every served heads (one shared LRU), encoder
+    vectors of options."""
     if runtime.engine is None:
         return None
-    metrics, settings = runtime.metrics, runtime.settings
-    hits = metrics.action_cache_hits._value.get()
-    misses = metrics.action_cache_misses._value.get()
+    actions, settings = runtime.registry.actions, runtime.settings
+    hits, misses = actions.hits, actions.misses
     return {
         "device": "cpu",
         "hit_rate": hits / (hits + misses) if hits + misses else None,
-        "action_cache": {"entries": 0 if current is None else len(current.actions),
-                         "capacity": settings.action_cache_max_entries, "hits": int(hits), "misses": int(misses)},
+        "action_cache": {"entries": len(actions), "capacity": actions.max_entries, "hits": hits, "misses": misses},
         "option_embeddings": {"entries": len(runtime.engine.options), "capacity": settings.option_store_max_entries},
     }
 
@@ -157,22 +172,25 @@ def _cache_stats(runtime: ServeRuntime, current: LoadedHeads | None) -> dict | N
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
     runtime = _runtime(request)
-    current = runtime.manager.current if runtime.manager is not None else None
-    runtime.metrics.action_cache_size.set(0 if current is None else len(current.actions))
+    runtime.metrics.action_cache_size.set(len(runtime.registry.actions))
     return Response(generate_latest(runtime.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict:
     """Both model lists: the OpenAI one vLLM serves (``object: list``, ``data``: a card per name, aliases
-    included) and upstream contrastive-lm's (``models``: ``{name, release_date, description}``, heads then
-    ``clm-raw``)."""
-    runtime = _runtime(request)
-    settings = runtime.settings
-    current = runtime.manager.current if runtime.manager is not None else None
-    root = None if current is None else current.system_fingerprint
-    cards = [{"id": name, "object": "model", "owned_by": "clm", "root": root}
-             for name in (settings.served_model_name, *aliases(settings))]
+    included, ``root`` the heads version serving it) and upstream contrastive-lm's (``models``:
+    ``{name, release_date, description}``, the heads then ``clm-raw``)."""
+    registry = _runtime(request).registry
+    names = registry.names
+    current = {name: manager.current for name, manager in registry.managers.items()}
+    cards = []
+    for name, served in names.heads.items():
+        heads = current.get(served)
+        cards.append({"id": name, "object": "model", "owned_by": "clm",
+                      "root": None if heads is None else heads.system_fingerprint})
     cards.append({"id": RAW_MODEL, "object": "model", "owned_by": "clm", "root": RAW_MODEL})
-    return {"object": "list", "data": cards,
-            "models": model_cards(settings, None if current is None else current.checkpoint.created_at)}
+    created = {name: None if heads is None else heads.checkpoint.created_at for name, heads in current.items()}
+    files = {name: registry.sources[name].file_label(None if current.get(name) is None else current[name].path)
+             for name in names.served}
+    return {"object": "list", "data": cards, "models": model_cards(names, created, files)}

@@ -29,6 +29,7 @@ from clm_serve.action_cache import OptionEmbeddings
 from clm_serve.batcher import ProjectionBatcher
 from clm_serve.engine import DecisionEngine
 from clm_serve.metrics import ServeMetrics
+from clm_serve.registry import HeadsRegistry
 from clm_serve.reloader import HeadsManager, warm_option_texts
 from clm_serve.settings import ServeSettings
 
@@ -44,7 +45,7 @@ class ServeRuntime:
         self.encoder: EncoderBackend | None = encoder
         self._owns_encoder = encoder is None
         self.engine: DecisionEngine | None = None
-        self.manager: HeadsManager | None = None
+        self.registry = HeadsRegistry(settings, self.metrics)  # the served names (managers once serving)
         self.batcher: ProjectionBatcher | None = None
         self.encode_batcher: CoalescingEncoder | None = None
         self.startup_error: str | None = None
@@ -52,6 +53,11 @@ class ServeRuntime:
         self._run_stop = asyncio.Event()  # the current run's watchers' (see _run)
         self._task: asyncio.Task | None = None
         self._retired: list = []  # components of a replaced encoder identity, closed at stop()
+
+    @property
+    def manager(self) -> HeadsManager | None:
+        """The default heads' manager (``served_model_name``); None until heads can be loaded."""
+        return self.registry.default
 
     @property
     def phase(self) -> str:
@@ -66,9 +72,18 @@ class ServeRuntime:
         if self.manager is None or self.manager.current is None:
             if self.manager is not None and self.manager.last_error is not None:
                 return f"no heads loaded: {self.manager.last_error['message']}"
-            where = self.settings.ckpt or (self.settings.checkpoint_root / self.settings.heads_name)
+            where = self.registry.sources[self.settings.served_model_name].path
             return f"no heads loaded yet (looking at {where})"
         return "ready"
+
+    def model_phase(self, name: str) -> str:
+        """``phase`` for one served model: the service's when it is not ready, else that model's heads'."""
+        if name == self.settings.served_model_name or self.encoder is None:
+            return self.phase
+        manager = self.registry.managers.get(name)
+        if manager is not None and manager.current is None and manager.last_error is not None:
+            return f"no heads loaded: {manager.last_error['message']}"
+        return f"no heads loaded yet (looking at {self.registry.sources[name].path})"
 
     async def start(self) -> None:
         self.batcher = ProjectionBatcher(
@@ -106,10 +121,10 @@ class ServeRuntime:
             return
         logger.error("%s: taking the heads out of service and reloading the encoder identity", error)
         self.metrics.encoder_changes.inc()
-        self.metrics.heads_loaded.set(0)
+        self.registry.stop_serving()
         old_task = self._task
         self._retired += [c for c in (self.encode_batcher, self.encoder if self._owns_encoder else None) if c]
-        self.engine = self.manager = self.encode_batcher = self.encoder = None
+        self.engine = self.encode_batcher = self.encoder = None
         self._owns_encoder = True  # the next encoder is opened here, from settings
         self.startup_error = str(error)
         self._task = asyncio.create_task(self._restart(old_task), name="clm-serve-runtime")
@@ -144,15 +159,12 @@ class ServeRuntime:
             if settings.warm_options_file is not None:
                 warm = await asyncio.to_thread(warm_option_texts, settings.warm_options_file, settings.max_options)
                 logger.info("warm-up set: %d option texts from %s", len(warm), settings.warm_options_file)
-            self.manager = HeadsManager(settings, self.encoder, self.engine, self.metrics, warm)
-            await self.manager.reload("startup")
+            await self.registry.start(self.encoder, self.engine, warm)
             # An event of this run's own: cancelling watchfiles' awatch sets the event it watches with, and
             # a replaced identity's watchers must not stop the next run's.
             self._run_stop = run_stop = asyncio.Event()
             watchers = [self._watch_identity(run_stop)] if settings.embedder_url else []
-            if settings.ckpt is None:
-                watchers.append(self.manager.watch(run_stop))
-            await asyncio.gather(*watchers)
+            await asyncio.gather(self.registry.watch(run_stop), *watchers)
         except asyncio.CancelledError:
             raise
         except Exception as error:  # reported by /health and every 503, not only in the log

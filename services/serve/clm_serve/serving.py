@@ -21,7 +21,7 @@ from clm.texts import join_state, render_state, state_text_tail
 from clm_http.errors import APIError
 
 from clm_serve.loaded_heads import LoadedHeads
-from clm_serve.models import RAW_SCALE, resolve_model
+from clm_serve.models import RAW_SCALE
 from clm_serve.protocol import (
     DecisionUsage,
     QuestionDiagnostics,
@@ -122,7 +122,8 @@ class ServingStructuredDecisions:
         self, request: StructuredDecisionRequest, raw_request: Request | None = None
     ) -> tuple[StructuredDecisionResponse, LoadedHeads | None]:
         """The answer, and the heads that computed it (None for ``clm-raw``, which has none)."""
-        model = resolve_model(self.settings, request.model)
+        runtime = self.runtime
+        model = runtime.registry.resolve(request.model)
         temperature = check_temperature(request.temperature)
         base_id = raw_request.headers.get("X-Request-Id") if raw_request is not None else None
         request_id = f"decision-{base_id or request.request_id}"
@@ -136,12 +137,12 @@ class ServingStructuredDecisions:
         except StructuredDecisionError as error:
             raise APIError(400, str(error), param=error.param) from None
 
-        runtime = self.runtime
         # Capture the heads ONCE: a swap during this request does not change what computes it.
-        heads = runtime.manager.current if runtime.manager is not None else None
+        manager = runtime.registry.managers.get(model.served)
+        heads = manager.current if manager is not None else None
         if runtime.engine is None or (heads is None and not model.is_raw):
-            raise APIError(503, f"no heads are loaded, so no decision can be made yet: {runtime.phase}",
-                           headers={"Retry-After": "1"})
+            raise APIError(503, f"no heads are loaded for {model.served}, so no decision can be made yet: "
+                           f"{runtime.model_phase(model.served)}", headers={"Retry-After": "1"})
         try:
             if model.is_raw:
                 heads = None
@@ -166,7 +167,8 @@ class ServingStructuredDecisions:
             answers[question.id] = question.type.answer(question, probs, 1.0)
             diagnostics[question.id] = QuestionDiagnostics(label_mass=1.0, argmax_is_label=True,
                                                            top_probability=max(probs), ignored=list(question.ignored))
-            runtime.metrics.questions.labels(question.type.name).inc()
+            runtime.metrics.questions.labels(model.served, question.type.name).inc()
+        runtime.metrics.answers.labels(model.served).inc()
         response = StructuredDecisionResponse(
             id=request_id,
             model=model.name,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from clm.checkpoint.compat import REFERENCE_ENCODER_MODEL, REFERENCE_ENCODER_WIDTH, AssumedEncoder
@@ -16,7 +16,7 @@ from clm_http.settings import ServiceSettings, body_limit_field, port_field
 class ServeSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="CLM_SERVE_", extra="ignore", populate_by_name=True)
 
-    port: int = port_field(8003)
+    port: int = port_field(8003, validation_alias=AliasChoices("CLM_SERVE_PORT", "CLM_PORT"))
     max_body_bytes: int = body_limit_field(4 * 1024 * 1024)
     served_model_name: str = Field(
         "clm-latest", min_length=1, description="Name of the served heads (upstream contrastive-lm's `clm-latest`); a "
@@ -33,13 +33,44 @@ class ServeSettings(ServiceSettings):
         "`/health`, `/metrics` stay open; `/admin/reload` has its own token. Empty: no key needed.")
     ckpt: Path | None = Field(None, validation_alias=AliasChoices("CLM_CKPT", "CLM_SERVE_CKPT"),
                               description="Serve this one .pt file (ours or any upstream contrastive-lm head, e.g. "
-                                          "CLM_v0.1-8B.pt) or version folder without watching.")
+                                          "CLM_v0.1-8B.pt) or version folder as the default heads instead of "
+                                          "following `latest` (reloaded when the file changes).")
     checkpoint_root: Path = Field(Path("var/checkpoints"), description="Root the trainer publishes into.")
-    heads_name: str = Field("soc-triage", description="Watch <checkpoint_root>/<heads_name>/latest.")
+    heads_name: str = Field("soc-triage", description="Watch <checkpoint_root>/<heads_name>/latest: served as "
+                            "`served_model_name` (and under its own name too) unless `CLM_CKPT` is set.")
+    published_models: str = Field(
+        "", description="Other published names under `checkpoint_root` served under their own names, each "
+        "following its own `latest`: comma-separated names, or `*` for every name the trainer publishes (a new "
+        "name is served within `poll_interval_s`, no restart). Empty: only `heads_name`.")
+    ckpt_dir: Path | None = Field(
+        None, description="Also serve every `*.pt` file of this folder under its file stem (upstream's "
+        "`--ckpt-dir`); each file is reloaded when it changes, a file added later is served too.")
+    models: str = Field(
+        "", description="More heads as `NAME=PATH`, comma-separated (upstream's `--model NAME=PATH`): a .pt file "
+        "or a version folder served as NAME, reloaded when it changes; overrides a same-named head, "
+        "`clm-latest` included.")
+    max_models: int = Field(
+        8, ge=1, description="Most heads served at once, all sources together (each holds its weights and "
+        "projections): further names are not loaded, logged, and listed in `/v1/heads` as `not_loaded`.")
     watch: bool = Field(True, description="Watch the latest pointer with watchfiles (polling as a fallback).")
     poll_interval_s: float = Field(2.0, gt=0, description="Polling interval of the latest pointer and of the embedder's encoder identity.")
     admin_token: SecretStr = Field(SecretStr(""), description="Bearer token for POST /admin/reload; empty disables the route.")
-    embedder_url: str = Field("", description="Embedder for state texts; empty = an in-process encoder (below).")
+    embedder_url: str = Field(
+        "", validation_alias=AliasChoices("CLM_SERVE_EMBEDDER_URL", "CLM_EMB_URL"),
+        description="Embedder for state and option texts, its base URL (also `CLM_EMB_URL`, upstream's name: a "
+        "trailing `/v1/embeddings`, upstream's full endpoint, is dropped); empty = an in-process encoder (below).")
+    embedder_model: str = Field(
+        "", validation_alias=AliasChoices("CLM_SERVE_EMBEDDER_MODEL", "CLM_EMB_MODEL"),
+        description="Upstream's `--emb-model`/`CLM_EMB_MODEL`: accepted but not sent. Our embedder names its own "
+        "encoder (`GET /v1/encoder`) and every heads file is checked against that fingerprint; a name set here is "
+        "only logged at start.")
+
+    @field_validator("embedder_url", mode="after")
+    @classmethod
+    def _embedder_base_url(cls, value: str) -> str:
+        """Upstream's ``http://h:p/v1/embeddings`` (the endpoint) and ours ``http://h:p`` (the base) alike."""
+        return value.strip().rstrip("/").removesuffix("/v1/embeddings").rstrip("/")
+
     embedder_timeout_s: float = Field(30.0, gt=0, description="Timeout of one request to the embedder.")
     embedder_concurrency: int = Field(8, ge=1, description="Requests to the embedder in flight at once.")
     embedder_retries: int = Field(3, ge=1, description="Attempts per embedder request (connection errors and 5xx).")
@@ -53,10 +84,16 @@ class ServeSettings(ServiceSettings):
     encoder_pooling: Literal["auto", "last", "mean", "cls"] = Field(
         DEFAULT_ENCODER_POOLING, description="In-process encoder pooling; `auto`: last-token for causal decoders, "
                                              "mean otherwise.")
-    encoder_max_tokens: int = Field(DEFAULT_ENCODER_MAX_TOKENS, ge=8, description="In-process encoder max tokens.")
+    encoder_max_tokens: int = Field(
+        DEFAULT_ENCODER_MAX_TOKENS, ge=8,
+        validation_alias=AliasChoices("CLM_SERVE_ENCODER_MAX_TOKENS", "CLM_EMB_MAX_TOKENS"),
+        description="In-process encoder max tokens (also `CLM_EMB_MAX_TOKENS`, upstream's name); an embedder "
+        "truncates to its own.")
     encoder_dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="In-process encoder compute dtype (part of its fingerprint).")
-    encoder_device: str = Field("cpu", description="In-process encoder device: `cpu`, `cuda`, `auto`.")
+    encoder_device: str = Field("cpu", validation_alias=AliasChoices("CLM_SERVE_ENCODER_DEVICE", "CLM_DEVICE"),
+                                description="In-process encoder device: `cpu`, `cuda`, `auto` (also `CLM_DEVICE`, "
+                                "upstream's name).")
     embedding_round_to: Literal["float16", "float32"] = Field(
         "float16", description="Round encoder vectors through this dtype before the heads. The trainer's "
         "embedding tables store float16, so float16 makes served probabilities equal the recipe's evaluation.")
@@ -74,7 +111,9 @@ class ServeSettings(ServiceSettings):
     warm_options_file: Path | None = Field(
         None, description="SystemOne records or requests (JSONL) whose option texts are embedded and projected "
         "when heads load, so the first requests already hit the action cache (e.g. the training records).")
-    action_cache_max_entries: int = Field(200_000, ge=1, description="Projected option vectors kept per heads (LRU).")
+    action_cache_max_entries: int = Field(
+        200_000, ge=1, description="Projected option vectors kept, all heads together (one LRU keyed by heads "
+        "version and option text, as upstream keys its arena by head and generation).")
     option_store_max_entries: int = Field(200_000, ge=1, description="Option-text encoder vectors kept (LRU).")
     max_batch_questions: int = Field(512, ge=1, description="Micro-batch size of the projection step.")
     max_batch_texts: int = Field(256, ge=1, description="Largest encoder call: state and new option texts of concurrent requests are encoded together.")
@@ -89,6 +128,22 @@ class ServeSettings(ServiceSettings):
                              "off: `/` is 404.")
     cors_origins: str = Field("", description="Comma-separated origins allowed to call this service from a browser "
                               "(CORS), e.g. a playground served elsewhere; `*`: any; empty: no CORS headers.")
+
+    @field_validator("models")
+    @classmethod
+    def _named_paths(cls, value: str) -> str:
+        parse_named_paths(value)
+        return value
+
+    def extra_models(self) -> dict[str, Path]:
+        """``models`` as {name: path}, in the order given (a later entry for a name wins)."""
+        return parse_named_paths(self.models)
+
+    def published_names(self) -> list[str] | None:
+        """``published_models`` as names; None for ``*`` (every published name)."""
+        if self.published_models.strip() == "*":
+            return None
+        return [name for name in dict.fromkeys(n.strip() for n in self.published_models.split(",")) if name]
 
     def assumed_encoder(self) -> AssumedEncoder:
         """What heads without an encoder fingerprint (upstream-format files) are checked against."""
@@ -110,3 +165,19 @@ class ServeSettings(ServiceSettings):
             retries=self.embedder_retries - 1, wire_dtype=self.embedding_round_to,
             api_key=self.embedder_api_key.get_secret_value(),
         )
+
+
+def parse_named_paths(value: str) -> dict[str, Path]:
+    """``NAME=PATH,NAME=PATH`` (upstream's ``--model NAME=PATH``, split on the first ``=``); a ValueError
+    worded as upstream's for an entry without a name or a path."""
+    named: dict[str, Path] = {}
+    for item in (part.strip() for part in value.split(",")):
+        if not item:
+            continue
+        name, _, path = item.partition("=")
+        if not name.strip() or not path.strip():
+            raise ValueError(f"models: expects NAME=PATH, got {item!r}")
+        if name.strip() == "clm-raw":
+            raise ValueError("models: clm-raw is the name of the raw ablation (no heads); pick another name")
+        named[name.strip()] = Path(path.strip()).expanduser()
+    return named

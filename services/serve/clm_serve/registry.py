@@ -1,0 +1,216 @@
+"""Which heads clm-serve serves, under which names: one ``HeadsManager`` per source, one shared action cache.
+
+Sources, in the order they claim a name (upstream contrastive-lm's order: its
+``--model`` entries override every other head, ``clm-latest`` included):
+
+1. the default heads, ``served_model_name`` (``clm-latest``) and its aliases:
+   ``CLM_CKPT`` when set (one file, reloaded when it changes), else the
+   published name ``heads_name`` (following its ``latest``; also served under
+   that name);
+2. every ``*.pt`` of ``ckpt_dir`` under its file stem (upstream's ``--ckpt-dir``);
+3. ``models``: ``NAME=PATH`` entries (upstream's ``--model``), overriding;
+4. ``published_models``: names the trainer publishes under ``checkpoint_root``,
+   each following its own ``latest``; found again every ``poll_interval_s``
+   (``ckpt_dir`` too), so a name published after start-up is served without
+   a restart.
+
+At most ``max_models`` are served, in that order (published names in name
+order); the rest are listed as ``not_loaded``. Every source reloads on its own (its manager's lock, watcher
+and last error), and all share one ``SharedActionCache`` keyed per heads version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from clm.checkpoint import LATEST_FILE
+from clm.encoders.base import EncoderBackend
+
+from clm_serve.action_cache import SharedActionCache
+from clm_serve.engine import DecisionEngine
+from clm_serve.metrics import ServeMetrics
+from clm_serve.models import RAW_MODEL, ServedModel, ServedNames, aliases, resolve_model
+from clm_serve.reloader import HeadsManager, ReloadOutcome
+from clm_serve.settings import ServeSettings
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class HeadsSource:
+    """Where one served model's heads come from."""
+
+    name: str  # the served model name
+    path: Path  # published: <checkpoint_root>/<published name>; else a .pt file or a version folder
+    published: bool  # follows <path>/latest (else: the file, reloaded when it changes)
+    origin: str  # the setting that configured it: CLM_CKPT, heads_name, ckpt_dir, published_models, models
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def mode(self) -> str:
+        return "watch" if self.published else "single"
+
+    def file_label(self, loaded: Path | None) -> str:
+        """The file upstream's model card names: a file's name; for a published name, ``<name>/<version>``."""
+        if not self.published:
+            return self.path.name
+        return f"{self.path.name}/{loaded.parent.name}" if loaded is not None else self.path.name
+
+
+def configured_sources(settings: ServeSettings) -> list[HeadsSource]:
+    """Every source the settings name, in upstream's order: the default, ``ckpt_dir``'s files, then the
+    ``models`` entries (which override a same-named head in its place, the default included)."""
+    default_aliases = tuple(aliases(settings))
+    if settings.ckpt is not None:
+        default = HeadsSource(settings.served_model_name, settings.ckpt, False, "CLM_CKPT", default_aliases)
+    else:
+        extra = (settings.heads_name,) if settings.heads_name not in (*default_aliases, RAW_MODEL) else ()
+        default = HeadsSource(settings.served_model_name, settings.checkpoint_root / settings.heads_name, True,
+                              "heads_name", default_aliases + extra)
+    sources = {default.name: default}
+    sources.update({source.name: source for source in _ckpt_dir_sources(settings, set(sources))})
+    for name, path in settings.extra_models().items():
+        sources[name] = HeadsSource(name, path, False, "models", default_aliases if name == default.name else ())
+    return list(sources.values())
+
+
+def _ckpt_dir_sources(settings: ServeSettings, taken: set[str]) -> list[HeadsSource]:
+    """``ckpt_dir``'s ``*.pt`` files under their stems (the default checkpoint itself skipped, as upstream)."""
+    folder = settings.ckpt_dir
+    if folder is None or not folder.is_dir():
+        return []
+    default = settings.ckpt.resolve() if settings.ckpt is not None else None
+    return [HeadsSource(pt.stem, pt, False, "ckpt_dir") for pt in sorted(folder.glob("*.pt"))
+            if pt.stem not in taken and pt.stem != RAW_MODEL and pt.resolve() != default]
+
+
+def published_sources(settings: ServeSettings, taken: set[str]) -> list[HeadsSource]:
+    """Names published under ``checkpoint_root`` (a ``latest`` pointer exists) that ``published_models`` lets
+    in, in name order. Blocking (lists a folder)."""
+    wanted = settings.published_names()
+    if wanted == []:
+        return []
+    root = settings.checkpoint_root
+    try:
+        candidates = sorted(entry.name for entry in root.iterdir()) if wanted is None else wanted
+    except OSError:  # no root yet: nothing published
+        return []
+    return [HeadsSource(name, root / name, True, "published_models") for name in candidates
+            if name not in taken and name != RAW_MODEL and (root / name / LATEST_FILE).is_file()]
+
+
+class HeadsRegistry:
+    def __init__(self, settings: ServeSettings, metrics: ServeMetrics) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.actions = SharedActionCache(settings.action_cache_max_entries)
+        self.sources: dict[str, HeadsSource] = {}
+        self.not_loaded: list[str] = []
+        self.managers: dict[str, HeadsManager] = {}
+        self._names = ServedNames(settings.served_model_name, (), {})
+        self._serving: tuple[EncoderBackend, DecisionEngine, list[str]] | None = None
+        self._add(configured_sources(settings))
+        self._add(self._discover())
+
+    # -- names ---------------------------------------------------------------------------------
+
+    @property
+    def names(self) -> ServedNames:
+        return self._names
+
+    def resolve(self, requested: str | None) -> ServedModel:
+        return resolve_model(self._names, requested)
+
+    @property
+    def default(self) -> HeadsManager | None:
+        return self.managers.get(self.settings.served_model_name)
+
+    def _discover(self) -> list[HeadsSource]:
+        taken = {*self.sources, *self.not_loaded, *self._names.heads}
+        fresh = _ckpt_dir_sources(self.settings, taken)
+        return fresh + published_sources(self.settings, taken | {s.name for s in fresh})
+
+    def _add(self, sources: list[HeadsSource]) -> list[HeadsSource]:
+        """Serve ``sources`` within ``max_models``; the names past it are ``not_loaded``. Returns those added."""
+        added = []
+        for source in sources:
+            if source.name in self.sources or source.name in self.not_loaded:
+                continue
+            if len(self.sources) >= self.settings.max_models:
+                self.not_loaded.append(source.name)
+                logger.warning("not serving %s (%s): max_models=%d heads are served already", source.name,
+                               source.path, self.settings.max_models)
+                continue
+            self.sources[source.name] = source
+            added.append(source)
+        heads: dict[str, str] = {}  # each served name followed by its aliases (a served name wins over an alias)
+        for source in self.sources.values():
+            heads[source.name] = source.name
+            heads.update({alias: source.name for alias in source.aliases if alias not in self.sources})
+        self._names = ServedNames(self.settings.served_model_name, tuple(self.sources), heads)
+        return added
+
+    # -- serving -------------------------------------------------------------------------------
+
+    async def start(self, encoder: EncoderBackend, engine: DecisionEngine, warm_texts: list[str]) -> None:
+        """Open a manager per source and load them all (concurrently: each loads on its own thread)."""
+        self._serving = (encoder, engine, warm_texts)
+        for source in self.sources.values():
+            self._open(source)
+        await asyncio.gather(*(manager.reload("startup") for manager in self.managers.values()))
+
+    def stop_serving(self) -> None:
+        """Take every heads out of service (the encoder changed): requests get 503 until ``start`` again."""
+        for name, manager in self.managers.items():
+            if manager.current is not None:
+                self.actions.drop(manager.current.actions.heads_key)
+            self.metrics.heads_loaded.labels(name).set(0)
+        self.managers = {}
+        self._serving = None
+
+    def _open(self, source: HeadsSource) -> HeadsManager:
+        assert self._serving is not None
+        encoder, engine, warm = self._serving
+        manager = HeadsManager(source.name, source.path, source.published, self.settings, encoder, engine,
+                               self.metrics, self.actions, warm)
+        self.managers[source.name] = manager
+        return manager
+
+    async def reload(self, trigger: str, *, name: str | None = None, retry_failed: bool = False
+                     ) -> dict[str, ReloadOutcome]:
+        """Reload one served model (``name``) or all of them; their outcomes by name."""
+        managers = self.managers if name is None else {name: self.managers[name]}
+        outcomes = await asyncio.gather(*(m.reload(trigger, retry_failed=retry_failed) for m in managers.values()))
+        return dict(zip(managers, outcomes))
+
+    async def watch(self, stop: asyncio.Event) -> None:
+        """Every manager's watcher, plus finding sources that appear (published names, ``ckpt_dir`` files)."""
+        tasks = [asyncio.create_task(manager.watch(stop), name=f"clm-serve-watch-{name}")
+                 for name, manager in self.managers.items()]
+        try:
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.settings.poll_interval_s):
+                        await stop.wait()
+                if stop.is_set() or self._serving is None:
+                    break
+                try:
+                    found = await asyncio.to_thread(self._discover)
+                except Exception:  # discovery must outlive a bad folder
+                    logger.exception("looking for new heads failed")
+                    continue
+                for source in self._add(found):
+                    manager = self._open(source)
+                    logger.info("new heads to serve: %s (%s, %s)", source.name, source.origin, source.path)
+                    await manager.reload("discovered")
+                    tasks.append(asyncio.create_task(manager.watch(stop), name=f"clm-serve-watch-{source.name}"))
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
