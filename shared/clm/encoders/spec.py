@@ -25,7 +25,9 @@ Three backends:
 
 from __future__ import annotations
 
+import functools
 import logging
+import ssl
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -272,10 +274,19 @@ def fetch_remote_identity(url: str, timeout_s: float, retry_seconds: float = 0.0
     return retrying(_fetch_identity_once, url, timeout_s, api_key)
 
 
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    """httpx's default verification context, built once. A bare ``httpx.get`` builds a new one (loads the
+    CA bundle: ~7 ms of CPU holding the GIL, far more on a busy machine), even for an ``http://`` URL;
+    clm-serve asks the embedder its identity every ``poll_interval_s``, and those builds were the largest
+    CPU cost of a serving process (`make bench-serve`, py-spy)."""
+    return httpx.create_ssl_context()
+
+
 def _fetch_identity_once(url: str, timeout_s: float, api_key: str = "") -> tuple[EncoderFingerprint, int]:
     endpoint = f"{url.rstrip('/')}/v1/encoder"
     try:
-        response = httpx.get(endpoint, timeout=timeout_s, headers=_auth(api_key))
+        response = httpx.get(endpoint, timeout=timeout_s, headers=_auth(api_key), verify=_tls_context())
         if response.status_code >= 500:
             raise EmbedderUnreachable(f"the embedder at {endpoint} answered {response.status_code}")
         response.raise_for_status()
