@@ -22,7 +22,6 @@ and last error), and all share one ``SharedActionCache`` keyed per heads version
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +33,7 @@ from clm_serve.action_cache import SharedActionCache
 from clm_serve.engine import DecisionEngine
 from clm_serve.metrics import ServeMetrics
 from clm_serve.models import RAW_MODEL, ServedModel, ServedNames, aliases, resolve_model
-from clm_serve.reloader import HeadsManager, ReloadOutcome
+from clm_serve.reloader import HeadsManager, ReloadOutcome, cancel_all, pause
 from clm_serve.settings import ServeSettings
 
 logger = logging.getLogger(__name__)
@@ -193,9 +192,7 @@ class HeadsRegistry:
                  for name, manager in self.managers.items()]
         try:
             while not stop.is_set():
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self.settings.poll_interval_s):
-                        await stop.wait()
+                await pause(stop, self.settings.poll_interval_s)
                 if stop.is_set() or self._serving is None:
                     break
                 try:
@@ -209,8 +206,4 @@ class HeadsRegistry:
                     await manager.reload("discovered")
                     tasks.append(asyncio.create_task(manager.watch(stop), name=f"clm-serve-watch-{source.name}"))
         finally:
-            for task in tasks:
-                task.cancel()
-            for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await cancel_all(tasks)

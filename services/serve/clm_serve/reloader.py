@@ -73,6 +73,22 @@ class ReloadOutcome:
         return asdict(self)
 
 
+async def pause(stop: asyncio.Event, seconds: float) -> None:
+    """Wait ``seconds``, or less when ``stop`` is set: the pace of every polling loop of clm-serve."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            await stop.wait()
+
+
+async def cancel_all(tasks: list[asyncio.Task]) -> None:
+    """Cancel background tasks and wait until each has ended."""
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
 def warm_option_texts(path: Path, max_options: int) -> list[str]:
     """Option texts of every question in a JSONL file of SystemOne records or requests.
 
@@ -244,11 +260,7 @@ class HeadsManager:
         try:
             await stop.wait()
         finally:
-            for task in tasks:
-                task.cancel()
-            for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await cancel_all(tasks)
 
     async def _safe_reload(self, trigger: str) -> None:
         try:
@@ -258,9 +270,7 @@ class HeadsManager:
 
     async def _poll(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.settings.poll_interval_s):
-                    await stop.wait()
+            await pause(stop, self.settings.poll_interval_s)
             if not stop.is_set():
                 await self._safe_reload("poll")
 

@@ -30,7 +30,7 @@ from clm_serve.batcher import ProjectionBatcher
 from clm_serve.engine import DecisionEngine
 from clm_serve.metrics import ServeMetrics
 from clm_serve.registry import HeadsRegistry
-from clm_serve.reloader import HeadsManager, warm_option_texts
+from clm_serve.reloader import HeadsManager, pause, warm_option_texts
 from clm_serve.settings import ServeSettings
 
 logger = logging.getLogger(__name__)
@@ -178,9 +178,7 @@ class ServeRuntime:
         url, encoder = self.settings.embedder_url, self.encoder
         assert url is not None and encoder is not None
         while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.settings.poll_interval_s):
-                    await stop.wait()
+            await pause(stop, self.settings.poll_interval_s)
             try:
                 fingerprint, _ = await asyncio.to_thread(fetch_remote_identity, url, self.settings.embedder_timeout_s,
                                                          api_key=self.settings.embedder_api_key.get_secret_value())
