@@ -341,7 +341,7 @@ def test_concurrent_requests_encode_each_distinct_text_once(redis_url, tmp_path)
             running = asyncio.gather(*(cache.get_or_encode(texts, backend) for texts in requests))
             await backend.entered.wait()
             # A flight is held at the backend, and every request has claimed or joined its texts already.
-            assert set(cache._inflight) == {key_of(backend, t) for t in distinct}
+            assert cache._flights.keys() == {key_of(backend, t) for t in distinct}
             backend.release.set()
             results = await running
             counts = Counter(backend.encoded)
@@ -350,7 +350,7 @@ def test_concurrent_requests_encode_each_distinct_text_once(redis_url, tmp_path)
             assert sum(r.coalesced for r in results) > 0
             for texts, result in zip(requests, results):
                 assert np.array_equal(result.vectors, np.stack([served_vector(t) for t in texts]))
-            assert cache._inflight == {}  # nothing left behind
+            assert len(cache._flights) == 0  # nothing left behind
         finally:
             backend.release.set()  # a failed assertion must not leave a flight held
             await cache.aclose()
@@ -372,7 +372,7 @@ def test_a_failed_flight_fails_every_waiter_and_is_not_cached(redis_url, tmp_pat
             assert all(isinstance(o, EncoderError) for o in outcomes)
             assert backend.encoded == ["doomed"]
             assert await entries_in_both_tiers(cache, backend, ["doomed"]) == (set(), set())
-            assert cache._inflight == {}
+            assert len(cache._flights) == 0
         finally:
             backend.release.set()  # a failed assertion must not leave a flight held
             await cache.aclose()

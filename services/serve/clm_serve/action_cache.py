@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from clm.encoders.base import EncoderBackend
+from clm.singleflight import SingleFlight
 
 V = TypeVar("V")
 
@@ -80,7 +81,7 @@ class OptionEmbeddings:
     """Encoder vectors of option texts, shared by every heads version of this process.
 
     Concurrent requests that miss on the same text share one encoder call
-    (an in-flight map), so a burst of new options is embedded once.
+    (``clm.singleflight``), so a burst of new options is embedded once.
     """
 
     def __init__(
@@ -94,7 +95,8 @@ class OptionEmbeddings:
         self.encoder = encoder
         self.round_to = round_to
         self._store: LRU[np.ndarray] = LRU(max_entries)
-        self._pending: dict[str, tuple[asyncio.Task, int]] = {}
+        self._flights: SingleFlight[str, np.ndarray] = SingleFlight()
+        self._tasks: set[asyncio.Task] = set()  # the encodes in flight (the loop keeps only weak references)
         self._on_encoded = on_encoded
 
     def __len__(self) -> int:
@@ -105,31 +107,24 @@ class OptionEmbeddings:
 
     async def get(self, texts: Sequence[str]) -> np.ndarray:
         """float32 ``[len(texts), dim]``; raises the encoder's ``EncoderError`` when it cannot embed."""
-        unique = list(dict.fromkeys(texts))
+        if not texts:
+            return np.zeros((0, self.encoder.dim), dtype=np.float32)
         found: dict[str, np.ndarray] = {}
-        waits: dict[str, tuple[asyncio.Task, int]] = {}
-        new: list[str] = []
-        for text in unique:
+        for text in dict.fromkeys(texts):
             vector = self._store.get(text)
             if vector is not None:
                 found[text] = vector
-            elif text in self._pending:
-                waits[text] = self._pending[text]
-            else:
-                new.append(text)
-        if new:
-            task = asyncio.ensure_future(self._encode(new))
-            for index, text in enumerate(new):
-                self._pending[text] = waits[text] = (task, index)
-        for text, (task, index) in waits.items():
+        claimed, futures = self._flights.claim(text for text in texts if text not in found)
+        if claimed:
+            task = asyncio.ensure_future(self._encode(claimed, {text: futures[text] for text in claimed}))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        for text, future in futures.items():
             # shield: a client that disconnects must not cancel an encode other requests wait on.
-            vectors = await asyncio.shield(task)
-            found[text] = vectors[index]
-        if not texts:
-            return np.zeros((0, self.encoder.dim), dtype=np.float32)
+            found[text] = await asyncio.shield(future)
         return np.stack([found[text] for text in texts])
 
-    async def _encode(self, texts: list[str]) -> np.ndarray:
+    async def _encode(self, texts: list[str], futures: dict[str, asyncio.Future[np.ndarray]]) -> None:
         try:
             result = await self.encoder.encode(texts)
             vectors = round_vectors(result.vectors, self.round_to)
@@ -137,13 +132,15 @@ class OptionEmbeddings:
                 raise RuntimeError(
                     f"encoder returned shape {vectors.shape} for {len(texts)} texts of width {self.encoder.dim}"
                 )
-            for text, vector in zip(texts, vectors):
-                self._store.put(text, vector)
-            self._on_encoded(len(texts))
-            return vectors
-        finally:
-            for text in texts:
-                self._pending.pop(text, None)
+        except BaseException as error:
+            self._flights.fail(futures, error)
+            if not isinstance(error, Exception):
+                raise
+            return
+        for text, vector in zip(texts, vectors):
+            self._store.put(text, vector)
+            self._flights.settle(text, futures[text], vector)
+        self._on_encoded(len(texts))
 
 
 class SharedActionCache:

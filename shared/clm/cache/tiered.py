@@ -43,6 +43,7 @@ from clm.cache.metrics import CacheMetrics, cache_metrics
 from clm.cache.redis_tier import RedisTier, TierUnavailable
 from clm.cache.results import CacheHealth, CacheResult, CacheTotals, TierHealth
 from clm.encoders.base import EncoderBackend, EncoderError, EncoderInputError
+from clm.singleflight import SingleFlight
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +106,7 @@ class EmbeddingCache:
         self.max_concurrent_batches = max_concurrent_batches
         self.metrics: CacheMetrics = cache_metrics(registry)
         self.totals = CacheTotals()
-        self._inflight: dict[bytes, asyncio.Future[tuple[np.ndarray, int | None]]] = {}
+        self._flights: SingleFlight[bytes, tuple[np.ndarray, int | None]] = SingleFlight()
         self._tasks: set[asyncio.Task] = set()
         self._disk_error: str | None = None
         self._closed = False
@@ -127,16 +128,8 @@ class EmbeddingCache:
         keys = [cache_key(digest, text) for text in texts]
         unique = dict(zip(keys, texts))  # first occurrence wins; dict keeps input order
 
-        loop = asyncio.get_running_loop()
-        claimed: dict[bytes, str] = {}
-        futures: dict[bytes, asyncio.Future[tuple[np.ndarray, int | None]]] = {}
-        for key, text in unique.items():  # no await in this loop: claiming is atomic
-            future = self._inflight.get(key)
-            if future is None:
-                future = loop.create_future()
-                self._inflight[key] = future
-                claimed[key] = text
-            futures[key] = future
+        claimed_keys, futures = self._flights.claim(unique)
+        claimed = {key: unique[key] for key in claimed_keys}
 
         lookup = _Lookup(futures={key: futures[key] for key in claimed}, pending=claimed, dim=dim)
         if claimed:
@@ -229,9 +222,7 @@ class EmbeddingCache:
             self._fail(lookup, exc)
             raise
         finally:
-            for key, future in lookup.futures.items():
-                if self._inflight.get(key) is future:
-                    del self._inflight[key]
+            self._flights.release(lookup.futures)
 
     async def _lookup_redis(self, lookup: _Lookup) -> None:
         if self.redis is None or not lookup.pending:
@@ -390,18 +381,9 @@ class EmbeddingCache:
         log.error("disk cache %s failed (serving without it): %s", op, exc)
 
     def _fail(self, lookup: _Lookup, exc: BaseException) -> None:
-        """Fail every unresolved future of ``lookup`` so each waiter sees ``exc``; nothing is cached for them."""
-        for key in lookup.pending:
-            future = lookup.futures[key]
-            if self._inflight.get(key) is future:
-                del self._inflight[key]  # the next call retries instead of joining a failure
-            if future.done():
-                continue
-            if isinstance(exc, asyncio.CancelledError):
-                future.cancel()
-            else:
-                future.set_exception(exc)
-                future.exception()  # mark retrieved: a request without joiners must not log a warning
+        """Fail every unresolved future of ``lookup`` so each waiter sees ``exc``; nothing is cached for them
+        (and the next call retries instead of joining a failure)."""
+        self._flights.fail({key: lookup.futures[key] for key in lookup.pending}, exc)
 
     def _forget_task(self, task: asyncio.Task) -> None:
         self._tasks.discard(task)
