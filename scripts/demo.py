@@ -27,7 +27,7 @@ import httpx
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from clm.report_tables import print_report_tables
+from clm.report.tables import print_report_tables
 from clm_devtools.devstack import Service, start_embedder, start_serve, start_trainer_api, start_trainer_worker
 from clm_devtools.procs import ManagedProcess, start_redis
 

@@ -30,10 +30,10 @@ import torch
 
 from clm.checkpoint import load_checkpoint
 from clm.embedding_table import EmbeddingTable
+from clm.encoded import collect_clm_texts
 from clm.heads import CLMHeadPair
 from clm.records import load_records
 from clm.recipes import train_clm_heads
-from clm.recipes.batches import collect_clm_texts
 from clm.recipes.config import ConfigError, RecipeConfig, build_config, load_config
 from clm.recipes.embedding import EmbeddingCacheError
 from clm.recipes.train_clm_heads import TrainCLMHeadsRecipe

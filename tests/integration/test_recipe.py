@@ -15,9 +15,9 @@ import torch
 
 from clm.checkpoint import load_checkpoint
 from clm.cli import main as clm_main
+from clm.encoded import collect_clm_texts
 from clm.encoders.tiny_qwen3 import build_tiny_qwen3
 from clm.records import load_records
-from clm.recipes.batches import collect_clm_texts
 from clm.recipes.config import build_config
 from clm.recipes.embedding import EmbeddingCacheError
 from clm.recipes.train_clm_heads import TrainCLMHeadsRecipe

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from clm.encoded import collect_clm_texts
 from clm.records import load_records
-from clm.recipes.batches import collect_clm_texts
 from clm.recipes.config import build_config
 from clm.recipes.shards import ShardPlan, shard_path, staging_dir
 from clm.recipes.train_clm_heads import TrainCLMHeadsRecipe

@@ -1,6 +1,6 @@
 """Served probabilities equal the training recipe's evaluation of the same heads and records.
 
-The reference is the recipe's own scoring path (``clm.recipes.evaluation.score_records``
+The reference is the recipe's own scoring path (``clm.evaluation.scoring.score_records``
 over an ``EmbeddingTable`` built from the same encoder, exactly as training
 and evaluation read embeddings); clm-serve must agree to 1e-5 for every
 option of every question.
@@ -23,9 +23,9 @@ from clm.checkpoint import publish_checkpoint
 from clm.embedding_table import EmbeddingTable
 from clm.heads import CLMHeadPair, HeadConfig
 from clm.records import load_records
-from clm.recipes.batches import collect_clm_texts, encode_records
-from clm.recipes.evaluation import score_records
-from clm.recipes.batches import record_texts
+from clm.encoded import collect_clm_texts, encode_records
+from clm.evaluation.scoring import score_records
+from clm.encoded import record_texts
 from clm_serve.reloader import warm_option_texts
 from support.serve import HEADS_NAME, serve_in_process, serve_settings
 

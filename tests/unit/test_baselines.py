@@ -8,10 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from clm.baselines import MIN_LABELS, RAW_BASELINE, RAW_SCALE, fit_baselines, score_baselines
-from clm.comparison import raw_encoder_findings, worth_it_sections
 from clm.embedding_table import EmbeddingTable
-from clm.generalisation import (
+from clm.encoded import collect_clm_texts, encode_records
+from clm.encoders.base import EncoderFingerprint
+from clm.evaluation.baselines import MIN_LABELS, RAW_BASELINE, RAW_SCALE, fit_baselines, score_baselines
+from clm.evaluation.comparison import raw_encoder_findings, worth_it_sections
+from clm.evaluation.generalisation import (
     SEEN_OPTIONS,
     SEEN_QUESTION,
     UNSEEN_OPTIONS,
@@ -19,9 +21,9 @@ from clm.generalisation import (
     TrainingVocabulary,
     generalisation_groups,
 )
-from clm.records import load_records, parse_record
-from clm.recipes.batches import collect_clm_texts, encode_records
 from clm.recipes.config import build_config
+from clm.records import load_records, parse_record
+from clm.report.assembly import RunFacts, write_run_report
 from clm.recipes.train_clm_heads import TrainCLMHeadsRecipe
 from clm.synthetic import write_soc_triage_splits
 from support.trainer import local_recipe_config
@@ -127,6 +129,24 @@ def test_report_sections_put_heads_and_baselines_side_by_side_with_intervals(fit
     assert sections["baselines"]["metrics"]["validation"]["best_fixed_option"]["overall"]["brier"] is None
     json.dumps(sections, allow_nan=False)  # strict JSON, as report.json
     assert isinstance(sections["findings"], list)
+
+
+def test_a_run_report_is_written_from_plain_values_without_a_recipe(fitted_setup, tmp_path):
+    """``write_run_report`` reads a ``RunFacts`` value, not the recipe: any scored splits can be reported."""
+    table, train, evaluation = fitted_setup
+    heads, _ = score_baselines(table, train, {"validation": evaluation}, names=["logistic_regression"])
+    fingerprint = EncoderFingerprint(model="m", weights="w", pooling="last", normalize=True, dtype="float32",
+                                     max_tokens=64, template_version="t")
+    facts = RunFacts(report_dir=tmp_path / "report", mode="eval", loss_mode=None, config={"mode": "eval"},
+                     fingerprint=fingerprint, dim=DIM, table=table, encoded={"train": train, "validation": evaluation},
+                     texts_total=len(table), texts_embedded=0, world_size=1, embedding_ranks=[], timings={})
+    path = write_run_report(facts, {"validation": heads["validation"]["logistic_regression"]}, None, None)
+    report = json.loads(path.read_text())
+    assert report["encoder"]["digest"] == fingerprint.digest and report["after"] is None
+    assert report["before"]["validation"]["overall"]["count"] == 4
+    assert "heads - majority" in report["comparisons"]["validation"]["overall"]
+    assert (path.parent / "report.html").read_text().count("<table>") > 1
+    assert (path.parent / "reliability-before-validation.png").stat().st_size > 0
 
 
 def test_heads_significantly_below_clm_raw_on_unseen_questions_are_said_plainly():

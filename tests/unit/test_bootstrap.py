@@ -1,4 +1,4 @@
-"""Paired bootstrap intervals: hand-computed resamples, agreement with clm.metrics, and the normal approximation."""
+"""Paired bootstrap intervals: hand-computed resamples, agreement with clm.evaluation.metrics, and the normal approximation."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from clm.bootstrap import (
+from clm.evaluation.bootstrap import (
     BootstrapInputError,
     BootstrapSettings,
     bootstrap_differences,
@@ -15,21 +15,21 @@ from clm.bootstrap import (
     paired_bootstrap,
     record_index,
 )
-from clm.metrics import PredictionSet, QuestionPrediction, decision_metrics, per_question_values
+from clm.evaluation.metrics import PredictionSet, ScoredQuestion, decision_metrics, per_question_values
 
 NOUL, SCORE = 0, 2
 
 # Record r1 asks two questions, r2 one; right / wrong is noted on each line.
 RECORDS = ["r1", "r1", "r2"]
 REFERENCE = [
-    QuestionPrediction("a", NOUL, [0.4, 0.6], label=0, rewards=[1.0, -1.0]),  # wrong
-    QuestionPrediction("b", NOUL, [0.6, 0.4], label=0),  # right
-    QuestionPrediction("a", NOUL, [0.3, 0.7], label=1, rewards=[-2.0, 1.0]),  # right
+    ScoredQuestion("a", NOUL, [0.4, 0.6], label=0, rewards=[1.0, -1.0]),  # wrong
+    ScoredQuestion("b", NOUL, [0.6, 0.4], label=0),  # right
+    ScoredQuestion("a", NOUL, [0.3, 0.7], label=1, rewards=[-2.0, 1.0]),  # right
 ]
 CANDIDATE = [
-    QuestionPrediction("a", NOUL, [0.8, 0.2], label=0, rewards=[1.0, -1.0]),  # right
-    QuestionPrediction("b", NOUL, [0.7, 0.3], label=0),  # right
-    QuestionPrediction("a", NOUL, [0.6, 0.4], label=1, rewards=[-2.0, 1.0]),  # wrong
+    ScoredQuestion("a", NOUL, [0.8, 0.2], label=0, rewards=[1.0, -1.0]),  # right
+    ScoredQuestion("b", NOUL, [0.7, 0.3], label=0),  # right
+    ScoredQuestion("a", NOUL, [0.6, 0.4], label=1, rewards=[-2.0, 1.0]),  # wrong
 ]
 
 
@@ -62,7 +62,7 @@ def test_a_resample_weighs_exactly_like_duplicated_records_in_clm_metrics():
     questions, _ = record_index(RECORDS)
     duplicated = REFERENCE[:2] + REFERENCE
     expected = decision_metrics(duplicated)["overall"]
-    zero = [QuestionPrediction(q.question_id, q.question_type, [0.5, 0.5], q.label, q.rewards) for q in REFERENCE]
+    zero = [ScoredQuestion(q.question_id, q.question_type, [0.5, 0.5], q.label, q.rewards) for q in REFERENCE]
     diffs = bootstrap_differences(values(zero), values(REFERENCE), questions, np.array([[2.0, 1.0]]))
     baseline = decision_metrics(zero[:2] + zero)["overall"]
     for metric in ("accuracy", "nll", "brier", "ece", "expected_reward"):
@@ -78,8 +78,8 @@ def test_interval_matches_the_normal_approximation_of_a_paired_accuracy_differen
     reference, candidate = [], []
     for i in range(400):
         ref_right, cand_right = (False, True) if i < 60 else (True, False) if i < 80 else (i % 2 == 0, i % 2 == 0)
-        reference.append(QuestionPrediction("q", NOUL, [0.9, 0.1] if ref_right else [0.1, 0.9], label=0))
-        candidate.append(QuestionPrediction("q", NOUL, [0.9, 0.1] if cand_right else [0.1, 0.9], label=0))
+        reference.append(ScoredQuestion("q", NOUL, [0.9, 0.1] if ref_right else [0.1, 0.9], label=0))
+        candidate.append(ScoredQuestion("q", NOUL, [0.9, 0.1] if cand_right else [0.1, 0.9], label=0))
     result = paired_bootstrap(reference, candidate, [f"r{i}" for i in range(400)],
                               BootstrapSettings(replicates=4000, seed=1), metrics=["accuracy"])["accuracy"]
     assert result["difference"] == pytest.approx(0.1)
@@ -88,13 +88,13 @@ def test_interval_matches_the_normal_approximation_of_a_paired_accuracy_differen
 
 
 def test_an_interval_containing_zero_is_not_significant_and_lower_is_better_for_nll():
-    reference = [QuestionPrediction("q", NOUL, [0.6, 0.4], label=i % 2) for i in range(40)]
-    candidate = [QuestionPrediction("q", NOUL, [0.4, 0.6], label=i % 2) for i in range(40)]
+    reference = [ScoredQuestion("q", NOUL, [0.6, 0.4], label=i % 2) for i in range(40)]
+    candidate = [ScoredQuestion("q", NOUL, [0.4, 0.6], label=i % 2) for i in range(40)]
     result = paired_bootstrap(reference, candidate, [f"r{i}" for i in range(40)])
     assert result["accuracy"]["difference"] == pytest.approx(0.0)
     assert result["accuracy"]["low"] < 0 < result["accuracy"]["high"]
     assert result["accuracy"]["significant"] is False and result["accuracy"]["better"] is None
-    sharper = [QuestionPrediction("q", NOUL, [0.9, 0.1] if i % 2 == 0 else [0.1, 0.9], label=i % 2) for i in range(40)]
+    sharper = [ScoredQuestion("q", NOUL, [0.9, 0.1] if i % 2 == 0 else [0.1, 0.9], label=i % 2) for i in range(40)]
     nll = paired_bootstrap(reference, sharper, [f"r{i}" for i in range(40)])["nll"]
     assert nll["difference"] < 0 and nll["better"] is True and nll["significant"] is True
 
@@ -117,7 +117,7 @@ def test_undefined_metrics_have_no_interval():
 def test_predictions_of_different_data_are_refused():
     with pytest.raises(BootstrapInputError, match="same questions"):
         paired_bootstrap(REFERENCE, CANDIDATE[:2], RECORDS)
-    relabelled = [QuestionPrediction(q.question_id, q.question_type, q.probs, 1 - q.label, q.rewards) for q in CANDIDATE]
+    relabelled = [ScoredQuestion(q.question_id, q.question_type, q.probs, 1 - q.label, q.rewards) for q in CANDIDATE]
     with pytest.raises(BootstrapInputError, match="labels"):
         paired_bootstrap(REFERENCE, relabelled, RECORDS)
     with pytest.raises(BootstrapInputError, match="replicates"):

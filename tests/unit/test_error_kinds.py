@@ -14,13 +14,13 @@ from typing import get_args
 
 import pytest
 
-from clm.bootstrap import BootstrapInputError
 from clm.checkpoint import CheckpointError
 from clm.cli import main as clm_main
 from clm.decision.errors import DecisionBatchError
 from clm.embedding_table import EmbeddingTableError
 from clm.encoders.base import EncoderChanged, EncoderError, EncoderInputError
 from clm.errors import KIND_OUTCOMES, ErrorKind, KindedError, error_kind, exit_code
+from clm.evaluation.bootstrap import BootstrapInputError
 from clm.recipes.config import ConfigError
 from clm.recipes.embedding import EmbeddingCacheError
 from clm.recipes.errors import PublishError, RankFailedError

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from clm.metrics import (
+from clm.evaluation.metrics import (
     ECE_BINS,
     IGNORE_INDEX,
     MetricsInputError,
     PredictionSet,
-    QuestionPrediction,
+    ScoredQuestion,
     decision_metrics,
     expected_calibration_error,
     metrics_by_split,
@@ -26,10 +26,10 @@ NOUL, CHOICE, SCORE = 0, 1, 2
 # A small hand-checked set: one right choice (with rewards), one wrong noul, one wrong
 # score question, and one unlabelled noul that must count but not be scored.
 QUESTIONS = [
-    QuestionPrediction("disposition", CHOICE, [0.7, 0.2, 0.1], label=0, rewards=[1.0, -1.0, 0.0]),
-    QuestionPrediction("escalate", NOUL, [0.4, 0.6], label=0),
-    QuestionPrediction("severity", SCORE, [0.2, 0.5, 0.3], label=2),
-    QuestionPrediction("escalate", NOUL, [0.5, 0.5]),
+    ScoredQuestion("disposition", CHOICE, [0.7, 0.2, 0.1], label=0, rewards=[1.0, -1.0, 0.0]),
+    ScoredQuestion("escalate", NOUL, [0.4, 0.6], label=0),
+    ScoredQuestion("severity", SCORE, [0.2, 0.5, 0.3], label=2),
+    ScoredQuestion("escalate", NOUL, [0.5, 0.5]),
 ]
 
 
@@ -49,7 +49,7 @@ def test_overall_values_match_hand_computation():
 
 
 def test_rps_when_the_gold_level_is_in_the_middle():
-    metrics = decision_metrics([QuestionPrediction("s", SCORE, [0.1, 0.2, 0.3, 0.4], label=1)])
+    metrics = decision_metrics([ScoredQuestion("s", SCORE, [0.1, 0.2, 0.3, 0.4], label=1)])
     # P = [0.1, 0.3, 0.6], Y = [0, 1, 1] → (0.01 + 0.49 + 0.16) / 3
     assert metrics["overall"]["rps"] == pytest.approx(0.66 / 3)
 
@@ -63,9 +63,9 @@ def test_ece_averages_within_a_shared_bin():
 
 def test_perfect_predictions_score_perfectly():
     perfect = [
-        QuestionPrediction("a", CHOICE, [0.0, 1.0, 0.0], label=1, rewards=[0.0, 2.0, -1.0]),
-        QuestionPrediction("b", NOUL, [1.0, 0.0], label=0),
-        QuestionPrediction("c", SCORE, [0.0, 0.0, 1.0, 0.0], label=2),
+        ScoredQuestion("a", CHOICE, [0.0, 1.0, 0.0], label=1, rewards=[0.0, 2.0, -1.0]),
+        ScoredQuestion("b", NOUL, [1.0, 0.0], label=0),
+        ScoredQuestion("c", SCORE, [0.0, 0.0, 1.0, 0.0], label=2),
     ]
     overall = decision_metrics(perfect)["overall"]
     assert overall["accuracy"] == 1.0
@@ -75,7 +75,7 @@ def test_perfect_predictions_score_perfectly():
 
 
 def test_confident_miss_gives_finite_nll():
-    metrics = decision_metrics([QuestionPrediction("a", NOUL, [1.0, 0.0], label=1)])
+    metrics = decision_metrics([ScoredQuestion("a", NOUL, [1.0, 0.0], label=1)])
     assert metrics["overall"]["nll"] == pytest.approx(-math.log(1e-12))
     assert metrics["overall"]["brier"] == 2.0 and metrics["overall"]["ece"] == 1.0
 
@@ -94,7 +94,7 @@ def test_grouping_by_type_and_by_question_id():
 
 
 def test_unlabelled_only_group_has_none_metrics_and_output_is_strict_json():
-    metrics = decision_metrics([QuestionPrediction("q", NOUL, [0.5, 0.5])])
+    metrics = decision_metrics([ScoredQuestion("q", NOUL, [0.5, 0.5])])
     overall = metrics["overall"]
     assert overall["count"] == 1 and overall["labelled"] == 0
     assert all(overall[k] is None for k in ("accuracy", "nll", "brier", "ece", "rps", "expected_reward"))
@@ -112,9 +112,9 @@ def test_padded_softmax_batch_gives_the_same_metrics_as_per_question_input():
         ["d", "e", "s"], rewards=rewards, reward_mask=torch.tensor([True, False, False]),
     )
     listed = [
-        QuestionPrediction("d", CHOICE, probs[0].tolist(), 0, rewards[0].tolist()),
-        QuestionPrediction("e", NOUL, probs[1, :2].tolist(), 1),
-        QuestionPrediction("s", SCORE, probs[2].tolist()),
+        ScoredQuestion("d", CHOICE, probs[0].tolist(), 0, rewards[0].tolist()),
+        ScoredQuestion("e", NOUL, probs[1, :2].tolist(), 1),
+        ScoredQuestion("s", SCORE, probs[2].tolist()),
     ]
     assert _close(decision_metrics(padded), decision_metrics(listed))
     assert decision_metrics(padded)["overall"]["labelled"] == 2
@@ -130,12 +130,12 @@ def _close(a, b) -> bool:
 @pytest.mark.parametrize(
     ("question", "message"),
     [
-        (QuestionPrediction("bad-sum", NOUL, [0.5, 0.6], label=0), r"'bad-sum'.*do not sum to 1"),
-        (QuestionPrediction("bad-label", NOUL, [0.5, 0.5], label=2), r"'bad-label'.*label is not one of its options"),
-        (QuestionPrediction("bad-type", 7, [0.5, 0.5], label=0), r"'bad-type'.*question type"),
-        (QuestionPrediction("nan", CHOICE, [float("nan"), 1.0], label=0), r"'nan'.*non-finite probability"),
+        (ScoredQuestion("bad-sum", NOUL, [0.5, 0.6], label=0), r"'bad-sum'.*do not sum to 1"),
+        (ScoredQuestion("bad-label", NOUL, [0.5, 0.5], label=2), r"'bad-label'.*label is not one of its options"),
+        (ScoredQuestion("bad-type", 7, [0.5, 0.5], label=0), r"'bad-type'.*question type"),
+        (ScoredQuestion("nan", CHOICE, [float("nan"), 1.0], label=0), r"'nan'.*non-finite probability"),
         (
-            QuestionPrediction("short-rewards", NOUL, [0.5, 0.5], rewards=[1.0]),
+            ScoredQuestion("short-rewards", NOUL, [0.5, 0.5], rewards=[1.0]),
             r"'short-rewards'.*1 rewards for 2 options",
         ),
     ],
@@ -155,13 +155,13 @@ def test_reliability_diagram_writes_a_png(tmp_path):
     path = reliability_diagram(QUESTIONS, tmp_path / "plots" / "reliability.png", title="validation")
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5_000
-    unlabelled = reliability_diagram([QuestionPrediction("q", NOUL, [0.5, 0.5])], tmp_path / "empty.png")
+    unlabelled = reliability_diagram([ScoredQuestion("q", NOUL, [0.5, 0.5])], tmp_path / "empty.png")
     assert unlabelled.read_bytes()[:4] == b"\x89PNG"
 
 
 def test_a_tie_for_the_top_probability_scores_its_expected_accuracy():
     """A uniform predictor is right 1/K of the time, whichever option is listed first."""
-    ties = [QuestionPrediction("q", CHOICE, [1 / 3, 1 / 3, 1 / 3], label=2),
-            QuestionPrediction("q", CHOICE, [0.4, 0.4, 0.2], label=0),
-            QuestionPrediction("q", CHOICE, [0.4, 0.4, 0.2], label=2)]
+    ties = [ScoredQuestion("q", CHOICE, [1 / 3, 1 / 3, 1 / 3], label=2),
+            ScoredQuestion("q", CHOICE, [0.4, 0.4, 0.2], label=0),
+            ScoredQuestion("q", CHOICE, [0.4, 0.4, 0.2], label=2)]
     assert decision_metrics(ties)["overall"]["accuracy"] == pytest.approx((1 / 3 + 1 / 2 + 0) / 3)

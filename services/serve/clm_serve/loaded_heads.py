@@ -64,7 +64,7 @@ class LoadedHeads:
     def option_probabilities(self, state_proj: torch.Tensor, action_proj: torch.Tensor,
                              temperature: float = 1.0) -> list[float]:
         """Softmax over one question's options of ``scale x cosine / temperature`` (both sides are unit
-        vectors), computed in float32 like the recipe's ``score_records``; temperature 1 is the heads' own."""
+        vectors), computed in float32 like ``clm.evaluation.scoring.score_records``; temperature 1 is the heads' own."""
         logits = tempered_logits(self.scale * (action_proj @ state_proj), temperature)
         return torch.softmax(logits.float(), dim=-1).tolist()
 

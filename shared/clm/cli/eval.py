@@ -8,9 +8,9 @@ name folders (their ``latest``), or published names under the config's
 ``output.checkpoint_root`` (``soc-triage`` or ``soc-triage/v0002``). The run
 is the recipe's own eval mode (``mode: eval`` with ``heads.init_checkpoint: A``):
 the same records, the same embedding table (cached texts are not encoded
-again), the same scoring. Then both heads score validation and test, and
-``clm.comparison`` gives ``B - A`` per metric with a paired bootstrap interval
-over records, overall, per question type and on questions training did / did
+again), the same scoring. Then ``clm.evaluation.comparison.compare_heads``
+scores both heads on validation and test and gives ``B - A`` per metric with a
+paired bootstrap interval over records, overall, per question type and on questions training did / did
 not contain; ``clm-raw`` (the encoder's own cosine, no heads) is scored beside
 them, with ``A - clm-raw`` and ``B - clm-raw`` in ``--json``. Any
 ``--section.key value`` argument overrides the YAML.
@@ -27,8 +27,6 @@ from typing import Any
 from clm.errors import BAD_INPUT, KIND_OUTCOMES
 
 EXIT_CONFIG = KIND_OUTCOMES[BAD_INPUT].exit_code  # an A or B that names nothing (clm.errors: bad input)
-COMPARISON = "B - A"
-RAW = "clm-raw"  # clm.baselines.RAW_BASELINE (not imported at module level: `clm --help` stays fast)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -61,7 +59,7 @@ def resolve_heads(reference: str, checkpoint_root: Path) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from clm.bootstrap import BootstrapInputError, BootstrapSettings
+    from clm.evaluation.bootstrap import BootstrapInputError, BootstrapSettings
     from clm.recipes.config import ConfigError, load_config
 
     overrides = list(getattr(args, "overrides", []) or [])
@@ -79,9 +77,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _compare_here(args: argparse.Namespace, config: Any, heads: list[Path], settings: Any) -> int:
-    from clm.recipes.evaluation import score_records
-    from clm.recipes.progress import TqdmProgress
     from clm.checkpoint import load_heads_reference
+    from clm.evaluation.comparison import compare_heads
+    from clm.recipes.progress import TqdmProgress
     from clm.recipes.train_clm_heads import EVAL_SPLITS, TrainCLMHeadsRecipe
 
     progress = None if args.no_progress else TqdmProgress()
@@ -91,57 +89,28 @@ def _compare_here(args: argparse.Namespace, config: Any, heads: list[Path], sett
         other = load_heads_reference(heads[1])
         recipe.check_checkpoint_encoder(other, key="--compare B")
         assert recipe.init_checkpoint is not None and recipe.table is not None
-        scored = {
-            label: {split: score_records(checkpoint.to_heads(recipe.device), recipe.table, recipe.encoded[split],
-                                         recipe.device, config.train.eval_batch_size)
-                    for split in EVAL_SPLITS if split in recipe.encoded}
-            for label, checkpoint in (("A", recipe.init_checkpoint), ("B", other))
-        }
+        splits = compare_heads(
+            (recipe.init_checkpoint.to_heads(recipe.device), other.to_heads(recipe.device)), recipe.table,
+            recipe.encoded, [split for split in EVAL_SPLITS if split in recipe.encoded], recipe.device,
+            config.train.eval_batch_size, settings)
     finally:
         if progress is not None:
             progress.close()
-    result = comparison_result(recipe, heads, scored, settings)
+    result = {"a": str(heads[0]), "b": str(heads[1]), "bootstrap": settings.as_dict(),
+              "texts_embedded": recipe.texts_embedded, "texts_total": recipe.texts_total, "splits": splits}
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2, sort_keys=True, allow_nan=False) + "\n")
     print_comparison(result)
     return 0
 
 
-def comparison_result(recipe: Any, heads: list[Path], scored: dict, settings: Any) -> dict:
-    """``{"a", "b", "bootstrap", "texts_embedded", "splits": {split: {"metrics", "groups", "comparisons"}}}``."""
-    from clm.baselines import RAW_BASELINE, score_baseline
-    from clm.comparison import compare_predictors, group_metrics, scopes
-    from clm.generalisation import GROUP_ORDER, TrainingVocabulary, generalisation_groups
-    from clm.recipes.evaluation import summarize
-
-    assert RAW == RAW_BASELINE
-
-    train = recipe.encoded.get("train")
-    vocabulary = TrainingVocabulary.of(train) if train else None
-    splits = {}
-    for split in scored["A"]:
-        predictors = {"A": scored["A"][split], "B": scored["B"][split],
-                      RAW: score_baseline(None, RAW, recipe.table, recipe.encoded[split])}
-        groups = {}
-        if vocabulary is not None:
-            masks = generalisation_groups(vocabulary, recipe.encoded[split])
-            groups = {name: masks[name] for name in GROUP_ORDER if name in masks}
-        splits[split] = {
-            "metrics": {label: summarize(questions)["overall"] for label, questions in predictors.items()},
-            "groups": group_metrics(predictors, groups),
-            "comparisons": compare_predictors(
-                predictors, [(COMPARISON, "A", "B"), (f"A - {RAW}", RAW, "A"), (f"B - {RAW}", RAW, "B")],
-                scopes(predictors["A"], groups), settings),
-        }
-    return {"a": str(heads[0]), "b": str(heads[1]), "bootstrap": settings.as_dict(),
-            "texts_embedded": recipe.texts_embedded, "texts_total": recipe.texts_total, "splits": splits}
-
-
 def print_comparison(result: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from clm.report_tables import TABLE_METRICS, interval_text, number
+    from clm.evaluation.baselines import RAW_BASELINE as RAW
+    from clm.evaluation.comparison import HEADS_COMPARISON as COMPARISON
+    from clm.report.tables import TABLE_METRICS, interval_text, number
 
     console = Console()
     styles = {"better": "green", "worse": "red", "ns": "dim", "": ""}

@@ -109,7 +109,7 @@ def _run_here(args: argparse.Namespace, config: Any) -> int:
 def _print_summary(result: Any) -> None:
     from rich.console import Console
 
-    from clm.report_tables import print_report_tables
+    from clm.report.tables import print_report_tables
 
     console = Console()
     # The report's own tables: heads before/after and baselines side by side, intervals, seen vs unseen.

@@ -25,9 +25,9 @@ from typing import Any
 import torch
 
 from clm.durable import atomic_write_bytes
+from clm.encoded import EncodedRecord
 from clm.errors import UNAVAILABLE, KindedError
 from clm.heads import CLMHeadPair
-from clm.recipes.batches import EncodedRecord
 from clm.recipes.config import TrainConfig
 from clm.recipes.objectives import StepObjective
 from clm.recipes.progress import ProgressCallback, ProgressEvent

@@ -2,6 +2,7 @@
 
 Each objective maps (heads, a batch of encoded records) to a scalar loss and
 plain-float metrics, so the training loop does not care which one it runs.
+InfoNCE's (state, gold option) pairs are built here too: only it uses them.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ from typing import Protocol
 import torch
 
 from clm.decision.config import DecisionLossConfig
+from clm.decision.constants import IGNORE_INDEX
 from clm.decision.loss import group_masked_bidirectional_infonce
 from clm.embedding_table import EmbeddingTable
+from clm.encoded import EncodedRecord, build_targets, score_batch
 from clm.heads import CLMHeadPair
-from clm.recipes.batches import EncodedRecord, build_targets, contrastive_pairs, score_batch
 
 ReferenceLogprobs = Mapping[tuple[str, str], Sequence[float]]
 
@@ -67,3 +69,44 @@ class InfoNCEObjective:
             state_proj, action_proj, heads.logit_scale, group_ids=pairs.group_ids.to(self.device)
         )
         return loss, {"loss": float(loss.detach()), "pairs": float(len(pairs.state_rows))}
+
+
+@dataclass(frozen=True)
+class ContrastivePairs:
+    """(state, gold option) rows of a batch's labelled questions, for InfoNCE."""
+
+    state_rows: list[int]
+    action_rows: list[int]
+    group_ids: torch.Tensor  # [N] int64: rows sharing a state or an action text share a group
+
+
+def contrastive_pairs(records: Sequence[EncodedRecord]) -> ContrastivePairs:
+    """Pairs of every labelled question, grouped so duplicates are never treated as negatives.
+
+    Two rows with the same state text or the same gold option text are not
+    negatives of each other (the "negative" would be a positive). Groups are
+    the connected components of "shares a state or an action text", so the
+    rule holds transitively; that can only remove negatives, never add one.
+    """
+    state_rows: list[int] = []
+    action_rows: list[int] = []
+    for record in records:
+        for question in record.questions:
+            if question.target.label != IGNORE_INDEX:
+                state_rows.append(question.state_row)
+                action_rows.append(question.option_rows[question.target.label])
+    parent = list(range(len(state_rows)))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    first_with: dict[tuple[str, int], int] = {}
+    for i, (state_row, action_row) in enumerate(zip(state_rows, action_rows)):
+        for key in (("state", state_row), ("action", action_row)):
+            j = first_with.setdefault(key, i)
+            parent[find(i)] = find(j)
+    groups = torch.tensor([find(i) for i in range(len(state_rows))], dtype=torch.long)
+    return ContrastivePairs(state_rows, action_rows, groups)

@@ -52,24 +52,24 @@ from clm.checkpoint import (
 )
 from clm.decision.batch import QuestionLogits
 from clm.embedding_table import EmbeddingTable
+from clm.encoded import EncodedRecord, EncodedSplit, forward_identified
 from clm.encoders.base import EncoderError
 from clm.encoders.local import resolve_device
 from clm.errors import KindedError, exit_code
+from clm.evaluation.metrics import ScoredQuestion, decision_metrics, metrics_by_split
+from clm.evaluation.scoring import as_encoded_records, reference_logprobs, score_records
 from clm.heads import CLMHeadPair
 from clm.records import QuestionTarget
 from clm.records.compact import TextIds, load_compact
+from clm.report.assembly import RunFacts, TrainingSummary, write_run_report
 from clm.recipes import embed_phase, embedding
-from clm.recipes.batches import EncodedRecord, EncodedSplit, forward_identified
 from clm.recipes.config import ConfigError, RecipeConfig, load_config
 from clm.recipes.overrides import OverrideError, config_command_help, split_config_argument, wants_help
 from clm.recipes.distributed import RankInfo, close_distributed, init_distributed, wait_for_peers
 from clm.recipes.errors import publish_heads
-from clm.recipes.evaluation import (ScoredQuestion, as_encoded_records, metrics_by_split, reference_logprobs,
-                                    score_records, summarize)
 from clm.recipes.loop import EpochReport, LoopOutcome, run_epochs
 from clm.recipes.objectives import DecisionObjective, InfoNCEObjective, StepObjective
 from clm.recipes.progress import ProgressCallback, ProgressEvent, ignore_progress
-from clm.recipes.report import write_run_report
 from clm.recipes.results import EmbeddingContract, RunResult
 from clm.texts import TEMPLATE_VERSION
 
@@ -111,7 +111,7 @@ class TrainCLMHeadsRecipe:
         self.on_epoch_end = on_epoch_end
         self.device = resolve_device(cfg.device)
         self.rank = RankInfo()
-        # Per split, the records as compact arrays viewed as EncodedRecords (clm.recipes.batches.EncodedSplit):
+        # Per split, the records as compact arrays viewed as EncodedRecords (clm.encoded.EncodedSplit):
         # ``records`` and ``encoded`` are the same objects once setup() has run.
         self.records: dict[str, EncodedSplit] = {}
         self.encoded: dict[str, EncodedSplit] = {}
@@ -133,7 +133,7 @@ class TrainCLMHeadsRecipe:
         """Initialise distributed state, load data, and make sure every text has a cached embedding."""
         self.rank = init_distributed()
         data = self.cfg.data
-        # Eval runs load train too: the report's baselines are fitted on it (clm.comparison).
+        # Eval runs load train too: the report's baselines are fitted on it (clm.evaluation.comparison).
         splits = {"train": data.train, "validation": data.validation, "test": data.test}
         started = time.perf_counter()
         text_ids = TextIds()  # texts deduplicated while the files stream (clm.records.compact)
@@ -224,7 +224,7 @@ class TrainCLMHeadsRecipe:
 
     # ---------------------------------------------------------------- scoring
     def _encoded_records(self, records: Sequence[Any]) -> list[EncodedRecord]:
-        """Records as the scoring code needs them (see ``clm.recipes.evaluation.as_encoded_records``)."""
+        """Records as the scoring code needs them (see ``clm.evaluation.scoring.as_encoded_records``)."""
         assert self.table is not None, "call setup() first: records are scored from the embedding table"
         return as_encoded_records(records, self.table)
 
@@ -264,13 +264,13 @@ class TrainCLMHeadsRecipe:
         prediction dict per question, in record and question order.
         """
         scored = self._score(heads, records, batch_size)
-        return summarize(scored), [question.as_dict() for question in scored]
+        return decision_metrics(scored), [question.as_dict() for question in scored]
 
     def _report(self, heads: CLMHeadPair, split: str) -> dict:
         """Metrics of ``heads`` on a loaded split (``overall`` / ``by_type`` / ``by_question``)."""
         if split not in self.encoded:
             raise ConfigError(f"split {split!r} is not loaded in this run; loaded: {sorted(self.encoded)}")
-        return summarize(self._score(heads, self.encoded[split], self.cfg.train.eval_batch_size, split))
+        return decision_metrics(self._score(heads, self.encoded[split], self.cfg.train.eval_batch_size, split))
 
     # ---------------------------------------------------------------- training
     def _initial_heads(self) -> CLMHeadPair:
@@ -335,7 +335,7 @@ class TrainCLMHeadsRecipe:
 
     def _require_metric(self, before: dict[str, list[ScoredQuestion]]) -> None:
         metric = self.cfg.train.eval_metric
-        if summarize(before["validation"])["overall"].get(metric) is None:
+        if decision_metrics(before["validation"])["overall"].get(metric) is None:
             raise ConfigError(
                 f"train.eval_metric {metric!r} is undefined on {self.cfg.data.validation} "
                 "(no labelled questions, or no reward tables for reward metrics); pick another metric"
@@ -363,6 +363,19 @@ class TrainCLMHeadsRecipe:
         return publish_heads(self.cfg.output.checkpoint_root, self.cfg.output.name, heads.cpu(),
                              self.contract.fingerprint, metrics=metrics, parent=parent, option_texts=self.option_texts)
 
+    def _run_facts(self) -> RunFacts:
+        """What the report says about this run besides its scores (``clm.report.assembly``)."""
+        cfg, contract, outcome = self.cfg, self.contract, self.outcome
+        assert contract is not None and self.table is not None
+        training = None if outcome is None else TrainingSummary(
+            cfg.train.eval_metric, outcome.best_epoch, outcome.best_value, outcome.history)
+        return RunFacts(
+            report_dir=cfg.output.report_dir, mode=cfg.mode, loss_mode=cfg.loss.mode if cfg.mode == "train" else None,
+            config=cfg.to_json_dict(), fingerprint=contract.fingerprint, dim=contract.dim, table=self.table,
+            encoded=self.encoded, texts_total=self.texts_total, texts_embedded=self.texts_embedded,
+            world_size=self.rank.world_size, embedding_ranks=self.embedding_ranks, timings=self.timings,
+            init_checkpoint=self.init_checkpoint, training=training)
+
     # ---------------------------------------------------------------- the run
     def run_train_validation_loop(self) -> None:
         """Evaluate (eval) or train (sft/rl) the heads, then report before/after metrics.
@@ -385,7 +398,7 @@ class TrainCLMHeadsRecipe:
             after = self._score_eval_splits(best)
             if self.cfg.output.publish:
                 checkpoint = self._publish(best, before, after)
-        report_path = write_run_report(self, before, after, checkpoint)
+        report_path = write_run_report(self._run_facts(), before, after, checkpoint)
         outcome = self.outcome
         self.result = RunResult(
             mode=self.cfg.mode, texts_total=self.texts_total, texts_embedded=self.texts_embedded,

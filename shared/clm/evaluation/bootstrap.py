@@ -17,7 +17,7 @@ both, and the interval is over the difference.
   report is reproducible. A difference whose interval contains 0 is **not
   significant**; a replicate where a metric has nothing to average over
   (e.g. no labelled question drawn) is left out of that metric's interval.
-* ECE is re-binned per replicate with the same 15 bins as ``clm.metrics``.
+* ECE is re-binned per replicate with the same 15 bins as ``clm.evaluation.metrics``.
 """
 
 from __future__ import annotations
@@ -28,20 +28,20 @@ from dataclasses import dataclass
 import numpy as np
 
 from clm.errors import BAD_INPUT, KindedError
-from clm.metrics import (
+from clm.evaluation.metrics import (
     AVERAGED_METRICS,
+    COMPARED_METRICS,
     ECE_BINS,
     LOWER_IS_BETTER,
     PerQuestionValues,
     PredictionSet,
-    QuestionPrediction,
+    ScoredQuestion,
     per_question_values,
 )
 
 DEFAULT_REPLICATES = 1000
 DEFAULT_SEED = 0
 DEFAULT_CONFIDENCE = 0.95
-COMPARED_METRICS = ("accuracy", "nll", "brier", "ece", "rps", "expected_reward")
 _CHUNK_CELLS = 4_000_000  # replicates x questions per matrix product: bounded memory on large splits
 
 
@@ -134,8 +134,8 @@ def _check_paired(reference: PredictionSet, candidate: PredictionSet, record_ids
 
 
 def paired_bootstrap(
-    reference: PredictionSet | Sequence[QuestionPrediction],
-    candidate: PredictionSet | Sequence[QuestionPrediction],
+    reference: PredictionSet | Sequence[ScoredQuestion],
+    candidate: PredictionSet | Sequence[ScoredQuestion],
     record_ids: Sequence[str],
     settings: BootstrapSettings = BootstrapSettings(),
     metrics: Sequence[str] = COMPARED_METRICS,

@@ -1,4 +1,4 @@
-"""Report metrics of decision heads (objectives.md "Metrics"): per split, per question type, per question id.
+"""Decision metrics of scored questions (objectives.md "Metrics"): per split, per question type, per question id.
 
 Every question is one decision: a probability vector over its real options, a
 gold option or ``-100`` (unlabelled), its type (0 noul, 1 choice, 2 score) and
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -43,14 +43,31 @@ class MetricsInputError(ValueError):
 
 
 @dataclass(frozen=True)
-class QuestionPrediction:
-    """One decision: probabilities over the question's options, in option order."""
+class ScoredQuestion:
+    """One decision as every metric, interval, baseline and report reads it: probabilities over the
+    question's options, in option order, its gold option and rewards.
+
+    The one scored-question type: the heads (``clm.evaluation.scoring``) and the
+    baselines produce it, the metrics and the report read it. ``probs`` is
+    stored, not derived, so packing thousands of questions never recomputes an
+    exponential; ``logprobs`` are the scorer's exact log-probabilities where it
+    had them (RL's KL reference is built from them), None otherwise.
+    """
 
     question_id: str
     question_type: int
     probs: Sequence[float]
     label: int = IGNORE_INDEX
     rewards: Sequence[float] | None = None
+    record_id: str = field(default="", kw_only=True)
+    option_ids: tuple[str, ...] = field(default=(), kw_only=True)
+    logprobs: tuple[float, ...] | None = field(default=None, kw_only=True)
+
+    def as_dict(self) -> dict:
+        """The per-question prediction a recipe's ``evaluate`` returns (strict-JSON-able)."""
+        return {"record_id": self.record_id, "question_id": self.question_id, "question_type": self.question_type,
+                "option_ids": list(self.option_ids), "probs": list(self.probs), "label": self.label,
+                "rewards": None if self.rewards is None else list(self.rewards)}
 
 
 def _numpy(value: object, dtype: type | None = None) -> np.ndarray:
@@ -100,7 +117,7 @@ class PredictionSet:
         return predictions
 
     @classmethod
-    def from_questions(cls, questions: Sequence[QuestionPrediction]) -> "PredictionSet":
+    def from_questions(cls, questions: Sequence[ScoredQuestion]) -> "PredictionSet":
         if not questions:
             return cls.from_padded(np.zeros((0, 1)), np.zeros((0, 1), bool), [], [], [])
         width = max(len(q.probs) for q in questions)
@@ -212,7 +229,13 @@ def _per_question(p: PredictionSet) -> _PerQuestion:
     )
 
 
-# The per-question metrics a report averages, and the questions each one averages over.
+# Every name a metric goes by lives here, so a new metric is one change in this module: the keys of a
+# metrics group in display order (the report's rows), the ones compared with intervals (the bootstrap,
+# the baselines, the tables), the per-question ones a report averages, and which way is better.
+GROUP_METRICS = ("count", "labelled", "accuracy", "nll", "brier", "ece", "rps", "rewarded", "expected_reward",
+                 "argmax_reward")
+COUNTS = frozenset({"count", "labelled", "rewarded"})
+COMPARED_METRICS = ("accuracy", "nll", "brier", "ece", "rps", "expected_reward")
 AVERAGED_METRICS = ("accuracy", "nll", "brier", "rps", "expected_reward")
 LOWER_IS_BETTER = frozenset({"nll", "brier", "ece", "rps"})
 
@@ -222,7 +245,7 @@ class PerQuestionValues:
     """Per-question value and "counts for this metric" mask of every averaged metric, plus what ECE needs.
 
     The means of ``values[m][masks[m]]`` are exactly ``decision_metrics``'s
-    overall numbers; resampling code (``clm.bootstrap``) reweights them.
+    overall numbers; resampling code (``clm.evaluation.bootstrap``) reweights them.
     """
 
     values: dict[str, np.ndarray]
@@ -232,7 +255,7 @@ class PerQuestionValues:
     labelled: np.ndarray
 
 
-def per_question_values(predictions: "PredictionSet | Sequence[QuestionPrediction]") -> PerQuestionValues:
+def per_question_values(predictions: "PredictionSet | Sequence[ScoredQuestion]") -> PerQuestionValues:
     q = _per_question(_as_prediction_set(predictions))
     scored = q.labelled & q.is_score
     return PerQuestionValues(
@@ -290,11 +313,11 @@ def _group_metrics(q: _PerQuestion, members: np.ndarray) -> dict:
     }
 
 
-def _as_prediction_set(predictions: PredictionSet | Sequence[QuestionPrediction]) -> PredictionSet:
+def _as_prediction_set(predictions: PredictionSet | Sequence[ScoredQuestion]) -> PredictionSet:
     return predictions if isinstance(predictions, PredictionSet) else PredictionSet.from_questions(predictions)
 
 
-def decision_metrics(predictions: PredictionSet | Sequence[QuestionPrediction]) -> dict:
+def decision_metrics(predictions: PredictionSet | Sequence[ScoredQuestion]) -> dict:
     """``{"overall": m, "by_type": {name: m}, "by_question": {question_id: m}}`` (strict-JSON-able).
 
     Each ``m`` holds count, labelled, accuracy, nll, brier, ece, rps, rewarded,
@@ -316,13 +339,13 @@ def decision_metrics(predictions: PredictionSet | Sequence[QuestionPrediction]) 
     return {"overall": _group_metrics(q, everyone), "by_type": by_type, "by_question": by_question}
 
 
-def metrics_by_split(splits: Mapping[str, PredictionSet | Sequence[QuestionPrediction]]) -> dict:
+def metrics_by_split(splits: Mapping[str, PredictionSet | Sequence[ScoredQuestion]]) -> dict:
     """``{split: decision_metrics(predictions)}``, e.g. for the before/after sections of a report."""
     return {split: decision_metrics(predictions) for split, predictions in splits.items()}
 
 
 def reliability_diagram(
-    predictions: PredictionSet | Sequence[QuestionPrediction],
+    predictions: PredictionSet | Sequence[ScoredQuestion],
     path: str | os.PathLike,
     *,
     title: str = "Reliability",

@@ -44,8 +44,8 @@ import numpy as np
 
 from clm.decision.constants import IGNORE_INDEX
 from clm.embedding_table import EmbeddingTable
-from clm.recipes.batches import EncodedQuestion, EncodedRecord
-from clm.recipes.evaluation import ScoredQuestion
+from clm.encoded import EncodedQuestion, EncodedRecord
+from clm.evaluation.metrics import COMPARED_METRICS, ScoredQuestion
 from clm.schema import RAW_SCALE  # upstream's clm-raw logit scale
 
 RAW_BASELINE = "clm-raw"
@@ -57,9 +57,9 @@ TRAINED_BASELINES = ("majority", "logistic_regression", "best_fixed_option")
 BASELINE_NAMES = (RAW_BASELINE, *TRAINED_BASELINES)
 # Metrics that mean something for each baseline (a one-hot policy has no useful NLL, Brier, ECE or RPS).
 BASELINE_METRICS = {
-    RAW_BASELINE: ("accuracy", "nll", "brier", "ece", "rps", "expected_reward"),
-    "majority": ("accuracy", "nll", "brier", "ece", "rps", "expected_reward"),
-    "logistic_regression": ("accuracy", "nll", "brier", "ece", "rps", "expected_reward"),
+    RAW_BASELINE: COMPARED_METRICS,
+    "majority": COMPARED_METRICS,
+    "logistic_regression": COMPARED_METRICS,
     "best_fixed_option": ("accuracy", "expected_reward"),
 }
 DESCRIPTIONS = {
@@ -174,13 +174,9 @@ def raw_probabilities(table: EmbeddingTable, question: EncodedQuestion) -> np.nd
 
 
 def _scored(record: EncodedRecord, question: EncodedQuestion, probs: np.ndarray) -> ScoredQuestion:
-    with np.errstate(divide="ignore"):
-        logprobs = tuple(float(x) for x in np.log(probs))
-    return ScoredQuestion(
-        record_id=record.record_id, question_id=question.target.question_id,
-        question_type=question.target.question_type, option_ids=question.target.option_ids,
-        logprobs=logprobs, label=question.target.label, rewards=question.target.rewards,
-    )
+    target = question.target
+    return ScoredQuestion(target.question_id, target.question_type, tuple(float(x) for x in probs), target.label,
+                          target.rewards, record_id=record.record_id, option_ids=target.option_ids)
 
 
 def score_baseline(

@@ -1,25 +1,25 @@
-"""Scoring whole splits without gradients: metrics, per-question predictions, reference log-probs.
+"""Scoring whole splits without gradients: per-question predictions and reference log-probs.
 
 Every question's probabilities come from the same identified, validated
-batch the training step uses (``score_batch``), so evaluation can never
-disagree with training about which option a column is.
+batch the training step uses (``clm.encoded.score_batch``), so evaluation can
+never disagree with training about which option a column is. The metrics of
+what this returns are ``clm.evaluation.metrics.decision_metrics``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from clm.decision.masking import masked_log_softmax
 from clm.embedding_table import EmbeddingTable
+from clm.encoded import EncodedRecord, EncodedSplit, build_targets, encode_records, score_batch
+from clm.evaluation.metrics import ScoredQuestion
 from clm.heads import CLMHeadPair
-from clm.metrics import QuestionPrediction, decision_metrics
 from clm.records import Record
 from clm.records.loader import parse_record
-from clm.recipes.batches import EncodedRecord, EncodedSplit, build_targets, encode_records, score_batch
 
 
 def as_encoded_records(records: Sequence[Any], table: EmbeddingTable) -> list[EncodedRecord]:
@@ -41,31 +41,6 @@ def as_encoded_records(records: Sequence[Any], table: EmbeddingTable) -> list[En
     return encoded
 
 
-@dataclass(frozen=True)
-class ScoredQuestion:
-    """One question's answer distribution, with everything a report or a metric needs."""
-
-    record_id: str
-    question_id: str
-    question_type: int
-    option_ids: tuple[str, ...]
-    logprobs: tuple[float, ...]
-    label: int
-    rewards: tuple[float, ...] | None
-
-    @property
-    def probs(self) -> list[float]:
-        return torch.tensor(self.logprobs, dtype=torch.float64).exp().tolist()
-
-    def as_prediction(self) -> QuestionPrediction:
-        return QuestionPrediction(self.question_id, self.question_type, self.probs, self.label, self.rewards)
-
-    def as_dict(self) -> dict:
-        return {"record_id": self.record_id, "question_id": self.question_id, "question_type": self.question_type,
-                "option_ids": list(self.option_ids), "probs": self.probs, "label": self.label,
-                "rewards": None if self.rewards is None else list(self.rewards)}
-
-
 def _batches(records: Sequence[EncodedRecord], batch_size: int) -> Iterator[Sequence[EncodedRecord]]:
     for start in range(0, len(records), batch_size):
         yield records[start : start + batch_size]
@@ -79,7 +54,8 @@ def score_records(
     device: torch.device,
     batch_size: int = 256,
 ) -> list[ScoredQuestion]:
-    """Log-probabilities of every question of ``records``, in record and question order."""
+    """Log-probabilities (and their exponentials, once per batch) of every question of ``records``,
+    in record and question order."""
     was_training = heads.training
     heads.eval()
     scored: list[ScoredQuestion] = []
@@ -88,18 +64,20 @@ def score_records(
             targets = build_targets(batch, None, device)
             decision = score_batch(heads, table, batch, targets)
             logprobs = masked_log_softmax(decision.logits.float(), targets.option_mask).cpu()
+            probs = logprobs.double().exp()  # float64, as the metrics compute: one op per batch
             row = 0
             for record in batch:
                 for question in record.questions:
                     count = len(question.target.option_ids)
                     scored.append(ScoredQuestion(
+                        question.target.question_id,
+                        question.target.question_type,
+                        tuple(probs[row, :count].tolist()),
+                        question.target.label,
+                        question.target.rewards,
                         record_id=record.record_id,
-                        question_id=question.target.question_id,
-                        question_type=question.target.question_type,
                         option_ids=question.target.option_ids,
                         logprobs=tuple(logprobs[row, :count].tolist()),
-                        label=question.target.label,
-                        rewards=question.target.rewards,
                     ))
                     row += 1
     finally:
@@ -107,15 +85,10 @@ def score_records(
     return scored
 
 
-def summarize(scored: Sequence[ScoredQuestion]) -> dict:
-    """``clm.metrics.decision_metrics`` of scored questions (overall, by type, by question id)."""
-    return decision_metrics([question.as_prediction() for question in scored])
-
-
 def reference_logprobs(scored: Sequence[ScoredQuestion]) -> dict[tuple[str, str], tuple[float, ...]]:
     """RL's fixed KL reference: log-probs per (record id, question id) of the stage's starting heads."""
+    missing = next((q for q in scored if q.logprobs is None), None)
+    if missing is not None:
+        raise ValueError(f"question {missing.question_id!r} of record {missing.record_id!r} has no log-probs: "
+                         "a KL reference is built from score_records")
     return {(question.record_id, question.question_id): question.logprobs for question in scored}
-
-
-def metrics_by_split(scored: dict[str, Sequence[ScoredQuestion]]) -> dict[str, dict]:
-    return {split: summarize(questions) for split, questions in scored.items()}

@@ -1,7 +1,9 @@
-"""From records to head inputs: the texts to embed, table rows, and identified scores.
+"""Records encoded against the ``EmbeddingTable``: the texts to embed, table rows, and identified scores.
 
-The recipe embeds every text once (``collect_clm_texts``), then refers to
-texts only by their row in the ``EmbeddingTable``. ``EncodedRecord`` keeps
+Beside the table because these are its rows' meaning: training, evaluation
+and the baselines all read records in this form. The recipe embeds every
+text once (``collect_clm_texts``), then refers to texts only by their row in
+the ``EmbeddingTable``. ``EncodedRecord`` keeps
 each record's questions in model-output order with their state row, option
 rows and supervision, so every batch can be scored and then checked by
 ``assemble_decision_batch`` against identities that came from the record
@@ -17,7 +19,6 @@ import numpy as np
 import torch
 
 from clm.decision.batch import DecisionBatch, QuestionLogits, assemble_decision_batch
-from clm.decision.constants import IGNORE_INDEX
 from clm.decision.targets import DecisionTargets
 from clm.embedding_table import EmbeddingTable
 from clm.heads import CLMHeadPair
@@ -229,44 +230,3 @@ def score_batch(
 ) -> DecisionBatch:
     """Head scores of ``records``, validated against ``targets`` and padded once."""
     return assemble_decision_batch(forward_identified(heads, table, records, targets.device), targets)
-
-
-@dataclass(frozen=True)
-class ContrastivePairs:
-    """(state, gold option) rows of a batch's labelled questions, for InfoNCE."""
-
-    state_rows: list[int]
-    action_rows: list[int]
-    group_ids: torch.Tensor  # [N] int64: rows sharing a state or an action text share a group
-
-
-def contrastive_pairs(records: Sequence[EncodedRecord]) -> ContrastivePairs:
-    """Pairs of every labelled question, grouped so duplicates are never treated as negatives.
-
-    Two rows with the same state text or the same gold option text are not
-    negatives of each other (the "negative" would be a positive). Groups are
-    the connected components of "shares a state or an action text", so the
-    rule holds transitively; that can only remove negatives, never add one.
-    """
-    state_rows: list[int] = []
-    action_rows: list[int] = []
-    for record in records:
-        for question in record.questions:
-            if question.target.label != IGNORE_INDEX:
-                state_rows.append(question.state_row)
-                action_rows.append(question.option_rows[question.target.label])
-    parent = list(range(len(state_rows)))
-
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    first_with: dict[tuple[str, int], int] = {}
-    for i, (state_row, action_row) in enumerate(zip(state_rows, action_rows)):
-        for key in (("state", state_row), ("action", action_row)):
-            j = first_with.setdefault(key, i)
-            parent[find(i)] = find(j)
-    groups = torch.tensor([find(i) for i in range(len(state_rows))], dtype=torch.long)
-    return ContrastivePairs(state_rows, action_rows, groups)

@@ -1,96 +1,22 @@
-"""The run report: ``report.json``, a static ``report.html`` and reliability diagrams per split.
+"""The run report as a page for people: ``report.html``, self-contained apart from the PNGs beside it.
 
-The JSON is the machine-readable result (the trainer service serves it as
-``GET /jobs/{id}/report``); the HTML is for people: a before/after table per
-split (overall, per question type, per question id) and the reliability
-diagram of each split's heads, before and after. Every table puts the heads
-(before/after) and the baselines side by side, each difference with its
-paired bootstrap interval ("n.s." when it contains 0), overall, on questions
-training did / did not contain, per question type and per question id
-(``clm.comparison`` computes them, ``clm.report_tables`` reads them).
+A before/after table per split (overall, per question type, per question id)
+and the reliability diagram of each split's heads, before and after. Every
+table puts the heads (before/after) and the baselines side by side, each
+difference with its paired bootstrap interval ("n.s." when it contains 0),
+overall, on questions training did / did not contain, per question type and
+per question id. It reads only the report dict (``clm.report.assembly``
+writes it; ``clm.report.tables`` reads it the same way for the terminal).
 """
 
 from __future__ import annotations
 
 import html
-import json
-from collections.abc import Mapping, Sequence
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
-from clm.durable import atomic_write_bytes
-from clm.metrics import reliability_diagram
-from clm.recipes.evaluation import ScoredQuestion
-from clm.report_tables import NOT_SIGNIFICANT, group_order, interval_text, scope_metrics
-
-REPORT_JSON = "report.json"
-REPORT_HTML = "report.html"
-
-# Shown in this order; every value in a metrics group that is a number is shown.
-_METRICS = ("count", "labelled", "accuracy", "nll", "brier", "ece", "rps", "rewarded", "expected_reward", "argmax_reward")
-_COUNTS = {"count", "labelled", "rewarded"}
-
-
-def write_diagrams(
-    report_dir: Path, stage: str, scored_by_split: Mapping[str, Sequence[ScoredQuestion]]
-) -> dict[str, str]:
-    """One reliability PNG per split for ``stage`` ("before"/"after"); returns file names by split."""
-    names = {}
-    for split, scored in scored_by_split.items():
-        name = f"reliability-{stage}-{split}.png"
-        reliability_diagram([q.as_prediction() for q in scored], report_dir / name, title=f"{split}, {stage}")
-        names[split] = name
-    return names
-
-
-def write_run_report(recipe: Any, before: Mapping[str, Sequence[ScoredQuestion]],
-                     after: Mapping[str, Sequence[ScoredQuestion]] | None, checkpoint: Any) -> Path:
-    """A finished run's report (``recipe``: a set-up ``TrainCLMHeadsRecipe``): diagrams, JSON, HTML.
-
-    ``before``/``after`` are the scored evaluation splits of the initial and the
-    best heads (``after`` is None in eval mode); ``checkpoint`` the published
-    version or None. Returns the JSON path.
-    """
-    from clm.comparison import worth_it_sections  # fits the baselines: only when a report is written
-    from clm.recipes.evaluation import metrics_by_split
-
-    cfg, contract, table, outcome = recipe.cfg, recipe.contract, recipe.table, recipe.outcome
-    assert contract is not None and table is not None
-    report_dir = cfg.output.report_dir
-    diagrams = {"before": write_diagrams(report_dir, "before", before)}
-    if after is not None:
-        diagrams["after"] = write_diagrams(report_dir, "after", after)
-    init = recipe.init_checkpoint
-    report = {
-        "mode": cfg.mode,
-        "loss_mode": cfg.loss.mode if cfg.mode == "train" else None,
-        "config": cfg.to_json_dict(),
-        "encoder": {**contract.fingerprint.as_dict(), "digest": contract.fingerprint.digest, "dim": contract.dim},
-        "embedding": {"texts_total": recipe.texts_total, "texts_embedded": recipe.texts_embedded,
-                      "table": str(table.path), "world_size": recipe.rank.world_size,
-                      "ranks": recipe.embedding_ranks},
-        "init_checkpoint": None if init is None else {"path": str(init.path), "sha256": init.sha256},
-        "before": metrics_by_split(before),
-        "after": None if after is None else metrics_by_split(after),
-        "training": None if outcome is None else {
-            "eval_metric": cfg.train.eval_metric, "best_epoch": outcome.best_epoch,
-            "best_value": outcome.best_value, "history": outcome.history},
-        "checkpoint": None if checkpoint is None else {
-            "path": str(checkpoint.path), "version": checkpoint.label, "sha256": checkpoint.sha256},
-        "diagrams": diagrams,
-        "timings": recipe.timings,
-    }
-    report.update(worth_it_sections(table, recipe.encoded.get("train"), recipe.encoded, before, after))
-    return write_report(report_dir, report)
-
-
-def write_report(report_dir: Path, report: dict[str, Any]) -> Path:
-    """Write report.json and report.html atomically; returns the JSON path."""
-    report_dir.mkdir(parents=True, exist_ok=True)
-    json_path = report_dir / REPORT_JSON
-    atomic_write_bytes(json_path, (json.dumps(report, indent=2, sort_keys=True, allow_nan=False) + "\n").encode())
-    atomic_write_bytes(report_dir / REPORT_HTML, render_html(report).encode("utf-8"))
-    return json_path
+from clm.evaluation.metrics import COUNTS, GROUP_METRICS
+from clm.report.tables import NOT_SIGNIFICANT, group_order, interval_text, scope_metrics
 
 
 def _fmt(value: Any) -> str:
@@ -124,12 +50,12 @@ def _scope_table(report: Mapping[str, Any], split: str, scope: str) -> str:
         f"<th>{html.escape(name)}</th>" if kind == "value" else f"<th>{html.escape(name)} (95% CI)</th>"
         for kind, name in order) + "</tr>"
     rows = []
-    for metric in _METRICS:
+    for metric in GROUP_METRICS:  # a group's every value; counts have no interval
         cells = []
         for kind, name in order:
             if kind == "value":
                 cells.append(f"<td>{_fmt(columns[name].get(metric))}</td>")
-            elif metric in _COUNTS:
+            elif metric in COUNTS:
                 cells.append("<td></td>")
             else:
                 cells.append(_interval_cell(intervals[name].get(metric)))
@@ -185,7 +111,7 @@ def _baseline_notes(report: Mapping[str, Any]) -> str:
 
 
 def _timings_section(report: Mapping[str, Any]) -> str:
-    """Where the run's time went: loading, embedding, each epoch, each evaluation (clm.recipes ``timings``)."""
+    """Where the run's time went: loading, embedding, each epoch, each evaluation (the run's ``timings``)."""
     timings = report.get("timings") or {}
     rows: list[tuple[str, Any, str]] = []
     loading = timings.get("loading")

@@ -10,8 +10,9 @@ report therefore splits each evaluation split's questions by:
   another text to the encoder, and a new text is what the heads must map).
 
 Groups are boolean masks over the questions in scoring order (records in
-file order, questions in record order), the order ``score_records`` and the
-baselines use, so one mask selects the same questions from every predictor.
+file order, questions in record order), the order
+``clm.evaluation.scoring.score_records`` and the baselines use, so one mask
+selects the same questions from every predictor.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from clm.recipes.batches import EncodedRecord
+from clm.encoded import EncodedRecord
 
 SEEN_QUESTION = "question id seen in training"
 UNSEEN_QUESTION = "question id unseen in training"

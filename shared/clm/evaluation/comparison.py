@@ -2,21 +2,21 @@
 
 ``worth_it_sections`` is what a recipe run adds to its report (one call):
 
-* ``baselines``: each baseline's metrics per split (``clm.baselines``), side by
-  side with the heads' ``before``/``after`` metrics;
-* ``generalisation``: per split, metrics of every predictor on the questions
-  whose id / option texts training did or did not contain (``clm.generalisation``);
+* ``baselines``: each baseline's metrics per split (``clm.evaluation.baselines``),
+  side by side with the heads' ``before``/``after`` metrics;
+* ``generalisation``: per split, metrics of every predictor on the questions whose
+  id / option texts training did or did not contain (``clm.evaluation.generalisation``);
 * ``comparisons``: per split and scope (overall, each question type, each
   question id, each generalisation group), paired bootstrap intervals
-  (``clm.bootstrap``) of ``after - before`` and ``heads - <baseline>``;
+  (``clm.evaluation.bootstrap``) of ``after - before`` and ``heads - <baseline>``;
 * ``bootstrap``: the settings, so a reader can reproduce the intervals;
 * ``findings``: plain sentences where the heads are significantly worse than
   ``clm-raw`` (the encoder with no training) overall or on questions training
   never asked.
 
-``compare_predictors`` is the general form (``clm eval --compare`` uses it
-for two checkpoints). The heads of a train run are its ``after`` heads; of an
-eval run, its (only) ``before`` heads.
+``compare_predictors`` is the general form; ``compare_heads`` applies it to two
+checkpoints (``clm eval --compare``). The heads of a train run are its
+``after`` heads; of an eval run, its (only) ``before`` heads.
 """
 
 from __future__ import annotations
@@ -24,11 +24,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+import torch
 
-from clm.baselines import BASELINE_METRICS, RAW_BASELINE, score_baselines
-from clm.bootstrap import COMPARED_METRICS, BootstrapSettings, paired_bootstrap
 from clm.embedding_table import EmbeddingTable
-from clm.generalisation import (
+from clm.encoded import EncodedRecord
+from clm.evaluation.baselines import BASELINE_METRICS, RAW_BASELINE, score_baseline, score_baselines
+from clm.evaluation.bootstrap import BootstrapSettings, paired_bootstrap
+from clm.evaluation.generalisation import (
     GROUP_ORDER,
     UNSEEN_OPTIONS,
     UNSEEN_QUESTION,
@@ -36,9 +38,15 @@ from clm.generalisation import (
     generalisation_groups,
     unseen_vocabulary,
 )
-from clm.metrics import QUESTION_TYPE_NAMES, PredictionSet, decision_metrics
-from clm.recipes.batches import EncodedRecord
-from clm.recipes.evaluation import ScoredQuestion
+from clm.evaluation.metrics import (
+    COMPARED_METRICS,
+    QUESTION_TYPE_NAMES,
+    PredictionSet,
+    ScoredQuestion,
+    decision_metrics,
+)
+from clm.evaluation.scoring import score_records
+from clm.heads import CLMHeadPair
 
 OVERALL = "overall"
 MAX_QUESTION_SCOPES = 50  # per-question-id intervals for at most this many (most frequent) ids: bounded report size
@@ -68,7 +76,7 @@ def _restrict(metrics: dict, allowed: Sequence[str]) -> dict:
 
 def _restricted_metrics(scored: Sequence[ScoredQuestion], allowed: Sequence[str]) -> dict:
     """``decision_metrics`` with the metrics outside ``allowed`` blanked in every group."""
-    metrics = decision_metrics([q.as_prediction() for q in scored])
+    metrics = decision_metrics(scored)
     return {"overall": _restrict(metrics["overall"], allowed),
             **{group: {key: _restrict(m, allowed) for key, m in metrics[group].items()}
                for group in ("by_type", "by_question")}}
@@ -76,7 +84,7 @@ def _restricted_metrics(scored: Sequence[ScoredQuestion], allowed: Sequence[str]
 
 def _prediction_sets(predictors: Mapping[str, Sequence[ScoredQuestion]]) -> dict[str, PredictionSet]:
     """Each predictor packed once; scopes are row selections of it."""
-    return {name: PredictionSet.from_questions([q.as_prediction() for q in scored]) for name, scored in predictors.items()}
+    return {name: PredictionSet.from_questions(scored) for name, scored in predictors.items()}
 
 
 def compare_predictors(
@@ -188,3 +196,42 @@ def worth_it_sections(
             predictors, comparisons, scopes(before[split], groups), settings, BASELINE_METRICS)
     sections["findings"] = raw_encoder_findings(sections["comparisons"])
     return sections
+
+
+HEADS_COMPARISON = "B - A"  # what ``clm eval --compare A B`` reports first
+
+
+def compare_heads(
+    heads: tuple[CLMHeadPair, CLMHeadPair],
+    table: EmbeddingTable,
+    encoded: Mapping[str, Sequence[EncodedRecord]],
+    splits: Sequence[str],
+    device: torch.device,
+    batch_size: int = 256,
+    settings: BootstrapSettings = BootstrapSettings(),
+) -> dict[str, dict]:
+    """Heads ``A`` and ``B`` (and ``clm-raw`` beside them) scored on ``splits`` of ``encoded``, compared.
+
+    ``{split: {"metrics": {predictor: overall}, "groups": seen / unseen metrics,
+    "comparisons": {scope: {"B - A" | "A - clm-raw" | "B - clm-raw": intervals}}}}``;
+    seen / unseen is relative to ``encoded["train"]`` when there is one.
+    """
+    train = encoded.get("train")
+    vocabulary = TrainingVocabulary.of(train) if train else None
+    comparisons: list[Comparison] = [(HEADS_COMPARISON, "A", "B"), (f"A - {RAW_BASELINE}", RAW_BASELINE, "A"),
+                                     (f"B - {RAW_BASELINE}", RAW_BASELINE, "B")]
+    result = {}
+    for split in splits:
+        predictors = {label: score_records(each, table, encoded[split], device, batch_size)
+                      for label, each in zip(("A", "B"), heads)}
+        predictors[RAW_BASELINE] = score_baseline(None, RAW_BASELINE, table, encoded[split])
+        groups = {}
+        if vocabulary is not None:
+            masks = generalisation_groups(vocabulary, encoded[split])
+            groups = {name: masks[name] for name in GROUP_ORDER if name in masks}
+        result[split] = {
+            "metrics": {label: decision_metrics(scored)["overall"] for label, scored in predictors.items()},
+            "groups": group_metrics(predictors, groups),
+            "comparisons": compare_predictors(predictors, comparisons, scopes(predictors["A"], groups), settings),
+        }
+    return result

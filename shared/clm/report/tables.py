@@ -1,7 +1,7 @@
 """Reading a run report (``report.json``) as tables: heads vs baselines, intervals, seen vs unseen.
 
 One reader for every place that shows a report to a person, so they all say
-the same thing: the HTML report (``clm.recipes.report``), ``clm train``'s
+the same thing: the HTML report (``clm.report.html``), ``clm train``'s
 and ``clm eval``'s terminal tables, and ``make demo``. An interval whose 95%
 range contains 0 is shown as **not significant** ("n.s.").
 """
@@ -11,9 +11,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-TABLE_METRICS = ("accuracy", "nll", "brier", "ece", "rps", "expected_reward")
+from clm.evaluation.baselines import BASELINE_NAMES
+from clm.evaluation.generalisation import GROUP_ORDER
+from clm.evaluation.metrics import COMPARED_METRICS
+
+TABLE_METRICS = COMPARED_METRICS  # the terminal shows the compared metrics, with their intervals
 NOT_SIGNIFICANT = "n.s."
-PREDICTOR_ORDER = ("before", "after", "clm-raw", "majority", "logistic_regression", "best_fixed_option")
+PREDICTOR_ORDER = ("before", "after", *BASELINE_NAMES)
 
 
 def predictors(report: Mapping[str, Any], split: str) -> list[str]:
@@ -69,8 +73,6 @@ def comparison_order(names: Sequence[str]) -> list[str]:
 
 
 def group_order(groups: Sequence[str]) -> list[str]:
-    from clm.generalisation import GROUP_ORDER
-
     return sorted(groups, key=lambda g: (GROUP_ORDER.index(g) if g in GROUP_ORDER else len(GROUP_ORDER), g))
 
 
