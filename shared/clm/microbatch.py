@@ -3,13 +3,18 @@
 A forward pass over 24 short texts costs little more than one over 3; one
 ``[n x dim] @ [dim x proj]`` matmul little more than a handful; one HTTP round
 trip to vLLM with 256 texts little more than one with 2. So payloads submitted
-by concurrent callers are collected for up to ``window_s`` (or until
-``max_items`` wait) and processed in one call; each caller gets its own result.
+by concurrent callers are collected (up to ``max_items``) and processed in one
+call; each caller gets its own result.
 
-While a batch is processed the next one collects whatever arrives, so under
-load batches grow by themselves, and at low load a caller waits at most
-``window_s``. ``max_in_flight`` bounds how many batches run at once (1 for work
-on one local thread; more for a remote encoder, to overlap round trips).
+A payload that arrives while no batch is in flight is processed at once (with
+whatever arrived at the same moment): a lone caller never waits for company
+that is not coming. While batches are in flight, arrivals queue, so under load
+batches grow by themselves: with ``max_in_flight`` 1 the next batch is whatever
+queued while the current one ran; with more slots, a batch that could start
+beside others waits up to ``window_s`` (or until ``max_items`` wait, or until
+nothing is in flight any more) for company. ``max_in_flight`` bounds how many
+batches run at once (1 for work on one local thread; more for a remote encoder,
+to overlap round trips).
 
 Failure policy (one, for every user): a batch that raises a *request* error
 (an exception whose ``kind`` is ``"bad_input"``, see :mod:`clm.errors`) is
@@ -42,7 +47,7 @@ P = TypeVar("P")  # what a caller submits
 R = TypeVar("R")  # what it gets back
 
 
-@dataclass
+@dataclass(eq=False)  # identity: a payload (an array) has no truth value to compare by
 class _Pending(Generic[P]):
     payload: P
     size: int
@@ -64,7 +69,8 @@ class MicroBatcher(ABC, Generic[P, R]):
         self._slots = asyncio.Semaphore(max_in_flight)
         self._waiting: deque[_Pending[P]] = deque()
         self._waiting_items = 0
-        self._arrived = asyncio.Event()
+        self._in_flight = 0  # batches handed to process() and not finished yet
+        self._arrived = asyncio.Event()  # a payload arrived, or a batch finished
         self._task: asyncio.Task | None = None
         self._running: set[asyncio.Task] = set()
         self._closed = False
@@ -124,6 +130,7 @@ class MicroBatcher(ABC, Generic[P, R]):
             if not batch:  # every caller of this window left (cancelled) before it closed
                 self._slots.release()
                 continue
+            self._in_flight += 1
             task = asyncio.create_task(self._complete(batch))
             self._running.add(task)
             task.add_done_callback(self._running.discard)
@@ -132,24 +139,29 @@ class MicroBatcher(ABC, Generic[P, R]):
         while not self._waiting:
             self._arrived.clear()
             await self._arrived.wait()
+        await asyncio.sleep(0)  # callers of this same moment (one gather, one request's tasks) join
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.window_s
-        while self._waiting_items < self.max_items and (remaining := deadline - loop.time()) > 0:
+        # Wait for company only while other batches are in flight (there is load); never for a lone caller.
+        while self._in_flight and self._waiting_items < self.max_items and (remaining := deadline - loop.time()) > 0:
             self._arrived.clear()
             try:
                 async with asyncio.timeout(remaining):
-                    await self._arrived.wait()  # let concurrent callers join
+                    await self._arrived.wait()  # let concurrent callers join (or the busy batches finish)
             except TimeoutError:
                 break
         return self._take()
 
     def _take(self) -> list[_Pending[P]]:
-        """The oldest payloads up to ``max_items`` (a payload larger than that on its own goes alone)."""
+        """The oldest payloads up to ``max_items`` (a payload larger than that on its own goes alone);
+        callers already cancelled (not yet back in ``submit``) are dropped, not computed."""
         batch: list[_Pending[P]] = []
         size = 0
         while self._waiting and (not batch or size + self._waiting[0].size <= self.max_items):
             pending = self._waiting.popleft()
             self._waiting_items -= pending.size
+            if pending.future.done():
+                continue
             batch.append(pending)
             size += pending.size
         return batch
@@ -173,7 +185,9 @@ class MicroBatcher(ABC, Generic[P, R]):
                     pending.future.set_exception(RuntimeError(f"{self.name} is shutting down"))
             raise
         finally:
+            self._in_flight -= 1
             self._slots.release()
+            self._arrived.set()  # a collector waiting for company need not wait once nothing is in flight
 
     async def _process_isolating(self, payloads: list[P]) -> list[R | BaseException]:
         try:

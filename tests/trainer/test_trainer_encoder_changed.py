@@ -16,7 +16,8 @@ import pytest
 from clm.encoders.base import EncoderChanged
 from clm.encoders.tiny_qwen3 import TinyQwen3Spec, build_tiny_qwen3
 from clm.recipes.config import EncoderConfig
-from clm.recipes.embedding import RetryPolicy, encode_with_retry
+from clm.encoders.retrying import RetryingEncoder
+from clm.retry import RetryPolicy
 from clm_trainer.worker import classify
 
 from support.faults import Embedder, stop_all
@@ -41,11 +42,11 @@ def test_embedder_swapped_mid_job_fails_with_encoder_changed(tmp_path, tiny_qwen
         config = EncoderConfig(backend="embedder", embedder_url=embedder.url, model=str(tiny_qwen3_dir),
                                retry_seconds=60)
         encoder = config.spec().build()  # the job reads the identity once, here
-        retry = RetryPolicy(budget_s=60)
+        retrying = RetryingEncoder(encoder, RetryPolicy(budget_s=60))
 
         async def embed() -> object:
             try:
-                return await encode_with_retry(encoder, ["alert one", "alert two"], retry)
+                return await retrying.encode(["alert one", "alert two"])
             finally:
                 await encoder.aclose()
 

@@ -28,7 +28,7 @@ class EmbedderSettings(ServiceSettings):
     max_tokens: int = Field(DEFAULT_ENCODER_MAX_TOKENS, ge=8, description="Inputs are truncated to this many tokens (upstream's 2048 by default; at most what the model takes); part of the fingerprint. Also the largest `truncate_prompt_tokens` a request may ask for.")
     device: str = Field("auto", description="`auto` (cuda when present, else cpu), `cpu`, `cuda`, `cuda:1`, ...")
     local_batch_tokens: int = Field(8192, ge=64, description="Token budget of one local forward batch (texts are sorted by length).")
-    coalesce_window_ms: float = Field(2.0, ge=0, description="Concurrent requests' cache misses arriving within this window (or while the encoder is busy) are encoded as one batch (`vllm_batch_size` texts at most with vllm, 64 locally); a refused text fails only its own request.")
+    coalesce_window_ms: float = Field(2.0, ge=0, description="Concurrent requests' cache misses arriving while the encoder is busy (waiting up to this window for more while other batches are in flight; a miss that finds the encoder idle goes at once) are encoded as one batch (`vllm_batch_size` texts at most with vllm, 64 locally); a refused text fails only its own request.")
     weights_id: str = Field("", description="Weights revision for the fingerprint when the backend cannot hash the files (vllm with a hub name).")
 
     vllm_url: str = Field("http://127.0.0.1:8000", description="Base URL of the vLLM pooling server.")

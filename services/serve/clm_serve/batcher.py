@@ -1,8 +1,10 @@
 """clm-serve's projection step, micro-batched across concurrent requests (``clm.microbatch``).
 
 One ``[n x dim] @ [dim x proj]`` matmul costs little more than a handful, so
-state embeddings of concurrent requests are projected together. The batching,
-its window and its failure policy are the core's one micro-batcher, which
+state embeddings of concurrent requests are projected together: the ones that
+arrive while a batch is on the heads thread form the next batch, and a request
+that finds the thread idle is projected at once (it waits for no window). The
+batching and its failure policy are the core's one micro-batcher, which
 also batches the state and option encoder calls (``CoalescingEncoder``); this
 module adds only what is clm-serve's: heads, torch, and the heads thread.
 """

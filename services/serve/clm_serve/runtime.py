@@ -20,10 +20,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 
 from clm.encoders.base import EncoderBackend, EncoderChanged, EncoderError
 from clm.encoders.coalescing import CoalescingEncoder
 from clm.encoders.spec import fetch_remote_identity
+from clm.retry import RetryPolicy, failure_of, next_sleep
 
 from clm_serve.action_cache import OptionEmbeddings
 from clm_serve.batcher import ProjectionBatcher
@@ -35,7 +37,7 @@ from clm_serve.settings import ServeSettings
 
 logger = logging.getLogger(__name__)
 
-_ENCODER_RETRY_S = (0.5, 1.0, 2.0, 5.0)
+_ENCODER_RETRY = RetryPolicy(initial_wait_s=0.5, max_wait_s=5.0)  # waiting for the embedder: no bound
 
 
 class ServeRuntime:
@@ -179,6 +181,10 @@ class ServeRuntime:
         assert url is not None and encoder is not None
         while not stop.is_set():
             await pause(stop, self.settings.poll_interval_s)
+            # Answers that named our digest since the last poll already proved the identity (under traffic
+            # this skips every poll: a thread hop and a round trip each).
+            if time.monotonic() - getattr(encoder, "verified_at", 0.0) < self.settings.poll_interval_s:
+                continue
             try:
                 fingerprint, _ = await asyncio.to_thread(fetch_remote_identity, url, self.settings.embedder_timeout_s,
                                                          api_key=self.settings.embedder_api_key.get_secret_value())
@@ -190,23 +196,30 @@ class ServeRuntime:
                 return
 
     async def _open_encoder(self) -> None:
-        attempt = 0
-        while self.encoder is None:
-            try:
-                # Blocking (loads a model, or asks the embedder its fingerprint): off the event loop.
-                self.encoder = encoder = await asyncio.to_thread(self.settings.encoder_spec().build)
-                self.startup_error = None
-                logger.info("encoder %s (%s pooling, dim %d), fingerprint %s%s", encoder.fingerprint.model,
-                            encoder.fingerprint.pooling, encoder.dim, encoder.fingerprint.digest[:16],
-                            f", served by the embedder at {self.settings.embedder_url}"
-                            if self.settings.embedder_url else ", in-process")
-            except (EncoderError, OSError) as error:
-                self.startup_error = str(error)
-                if not self.settings.embedder_url:  # a local model that cannot load will not load later
-                    logger.error("cannot open the in-process encoder: %s", error)
-                    return
-                # The embedder may simply not be up yet (compose/k8s start order): keep trying.
-                delay = _ENCODER_RETRY_S[min(attempt, len(_ENCODER_RETRY_S) - 1)]
-                logger.warning("encoder not available (%s); retrying in %.1fs", error, delay)
-                attempt += 1
-                await asyncio.sleep(delay)
+        """Open the encoder; the embedder may simply not be up yet (compose/k8s start order): keep trying
+        (jittered backoff) until it answers. A local model that cannot load will not load later."""
+        def open_once() -> EncoderBackend:  # blocking (loads a model, or asks the embedder its identity)
+            return self.settings.encoder_spec().build()
+
+        def announce(state) -> None:
+            self.startup_error = str(failure_of(state))
+            logger.warning("encoder not available (%s); retrying in %.1fs", self.startup_error, next_sleep(state))
+
+        retry_on = _encoder_not_up if self.settings.embedder_url else (lambda error: False)
+        try:
+            async for attempt in _ENCODER_RETRY.async_retrying(retry_on, before_sleep=announce):
+                with attempt:
+                    self.encoder = encoder = await asyncio.to_thread(open_once)
+        except (EncoderError, OSError) as error:
+            self.startup_error = str(error)
+            logger.error("cannot open the in-process encoder: %s", error)
+            return
+        self.startup_error = None
+        logger.info("encoder %s (%s pooling, dim %d), fingerprint %s%s", encoder.fingerprint.model,
+                    encoder.fingerprint.pooling, encoder.dim, encoder.fingerprint.digest[:16],
+                    f", served by the embedder at {self.settings.embedder_url}"
+                    if self.settings.embedder_url else ", in-process")
+
+
+def _encoder_not_up(error: BaseException) -> bool:
+    return isinstance(error, (EncoderError, OSError))

@@ -117,7 +117,9 @@ class ServeSettings(ServiceSettings):
     option_store_max_entries: int = Field(200_000, ge=1, description="Option-text encoder vectors kept (LRU).")
     max_batch_questions: int = Field(512, ge=1, description="Micro-batch size of the projection step.")
     max_batch_texts: int = Field(256, ge=1, description="Largest encoder call: state and new option texts of concurrent requests are encoded together.")
-    batch_window_ms: float = Field(2.0, ge=0, description="How long a micro-batch (encode, projection) waits for company.")
+    batch_window_ms: float = Field(
+        2.0, ge=0, description="How long a micro-batch (encode, projection) waits for company while other batches "
+        "are in flight; a request that finds the encoder or the heads idle goes at once.")
     max_questions: int = Field(
         512, ge=1, description="Questions per request (upstream has no limit): 512 = `max_batch_questions`, so one "
         "request's states are one projection batch, while the body limit bounds the rest.")

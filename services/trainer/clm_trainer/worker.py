@@ -33,6 +33,7 @@ import redis
 
 from clm.errors import KindedError, job_code
 from clm.recipes.errors import DISK_FULL_ERRNOS
+from clm.retry import RetryPolicy, failure_of, next_sleep
 
 from .job_config import prepare_config
 from .queue import Claim, JobQueue
@@ -42,6 +43,14 @@ from .settings import TrainerSettings, redact_url
 from .worker_metrics import WorkerMetrics
 
 logger = logging.getLogger(__name__)
+
+# How a worker waits for Redis (restarting, failing over): until it answers, with jittered backoff.
+_CLAIM_RETRY = RetryPolicy(initial_wait_s=0.5, max_wait_s=10.0)
+_CALL_RETRY = RetryPolicy(initial_wait_s=0.2, max_wait_s=5.0)
+
+
+def _redis_down(error: BaseException) -> bool:
+    return isinstance(error, redis.RedisError)
 
 MAX_ERROR_CHARS = 4000
 
@@ -137,17 +146,17 @@ class Worker:
     def run_forever(self) -> None:
         logger.info("worker %s: polling %s (prefix %s)", self.worker_id, redact_url(self.settings.redis_url),
                     self.settings.redis_prefix)
-        backoff = 0.0
+        def announce(state) -> None:
+            logger.warning("worker %s: Redis unavailable (%s); retrying in %.1fs", self.worker_id, failure_of(state),
+                           next_sleep(state))
+
+        # Until Redis answers again, jittered: after a failover the workers do not all retry at one instant.
+        claim_next = _CLAIM_RETRY.retrying(_redis_down, before_sleep=announce, stop_event=self.stopping)
         while not self.stopping.is_set():
             try:
-                self._reap_if_due()
-                claim = self.queue.claim(self.worker_id)
-                backoff = 0.0
-            except redis.RedisError as error:
-                backoff = min(max(backoff * 2, 0.5), 10.0)
-                logger.warning("worker %s: Redis unavailable (%s); retrying in %.1fs", self.worker_id, error, backoff)
-                self.stopping.wait(backoff)
-                continue
+                claim = claim_next(self._claim_next)
+            except redis.RedisError:  # stopped while Redis was down
+                break
             if claim is None:
                 self.stopping.wait(self.settings.poll_seconds)
                 continue
@@ -221,19 +230,22 @@ class Worker:
             logger.warning("job %s: finished as %s, but the lease was lost meanwhile; the result is dropped "
                            "(the job's current owner finishes it)", claim.job_id, status)
 
+    def _claim_next(self) -> Claim | None:
+        self._reap_if_due()
+        return self.queue.claim(self.worker_id)
+
     def _retry(self, call, monitor: LeaseMonitor):
         """Run a Redis call until it succeeds (Redis restarting); None once the lease is known lost."""
-        delay = 0.2
-        while True:
-            try:
-                return call()
-            except redis.RedisError as error:
-                if monitor.lost.is_set():
-                    return None
-                self.metrics.retries.labels("redis").inc()
-                logger.warning("Redis call failed (%s); retrying in %.1fs", error, delay)
-                time.sleep(delay)
-                delay = min(delay * 2, 5.0)
+        def announce(state) -> None:
+            self.metrics.retries.labels("redis").inc()
+            logger.warning("Redis call failed (%s); retrying in %.1fs", failure_of(state), next_sleep(state))
+
+        try:
+            return _CALL_RETRY.retrying(_redis_down, before_sleep=announce, stop_event=monitor.lost)(call)
+        except redis.RedisError:
+            if monitor.lost.is_set():
+                return None
+            raise
 
 
 def run_worker(settings: TrainerSettings) -> None:

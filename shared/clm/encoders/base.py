@@ -70,6 +70,11 @@ class EncoderError(KindedError, RuntimeError):
     subject = "the encoder"
 
 
+class EncoderUnavailable(EncoderError):
+    """The encoder did not answer (connection refused, timeout, 5xx, overloaded): an outage, worth trying
+    again later (``clm.encoders.retrying.is_outage``), unlike a refused input, a bad answer or another encoder."""
+
+
 class EncoderChanged(EncoderError):
     """The embedder answered with vectors of another encoder than the one this client expects.
 

@@ -4,10 +4,12 @@ Many clients sending a few texts each (clm-serve's state and option texts of
 concurrent requests, the embedder's cache misses of concurrent requests)
 would otherwise run one small forward pass per call: on a local model that is
 mostly per-call overhead, on vLLM one HTTP round trip per call. Calls that
-arrive while the backend is busy, or within ``window_ms`` of each other, are
-sent as one batch of up to ``max_batch_texts`` texts; each caller gets its own
-rows and its share of the tokens back (``clm.microbatch``: one batcher, one
-failure policy, one token split for every service).
+arrive while the backend is busy are sent as one batch of up to
+``max_batch_texts`` texts (with ``max_concurrency`` > 1, a batch that could
+start beside busy ones waits up to ``window_ms`` for more); a call that finds
+the backend idle is sent at once, so one caller alone waits for nobody. Each
+caller gets its own rows and its share of the tokens back (``clm.microbatch``:
+one batcher, one failure policy, one token split for every service).
 
 A refused text (``EncoderInputError``) fails only the caller that sent it, with
 the index into *its* texts; an outage fails every caller of the batch, so the

@@ -27,16 +27,18 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import ssl
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
+from tenacity import RetryCallState
 
-from clm.encoders.base import EncoderBackend, EncoderError, EncoderFingerprint, Pooling
+from clm.encoders.base import EncoderBackend, EncoderError, EncoderFingerprint, EncoderUnavailable, Pooling
 from clm.encoders.minilm import MINILM_NAME, minilm_model_dir
 from clm.encoders.model_identity import (
     fingerprint_for_model_dir,
@@ -44,6 +46,8 @@ from clm.encoders.model_identity import (
     model_max_tokens,
     resolve_pooling,
 )
+from clm.encoders.retrying import is_outage
+from clm.retry import RetryPolicy, failure_of, next_sleep
 
 log = logging.getLogger(__name__)
 
@@ -246,8 +250,8 @@ def probe_dim(base_url: str, served_model: str = "", timeout_s: float = 30.0, ap
         raise EncoderError(f"cannot learn the vector width from the server at {base_url}: {exc}") from exc
 
 
-class EmbedderUnreachable(EncoderError):
-    """The embedder did not answer (connection refused, timeout, 5xx): worth retrying, unlike a bad answer."""
+class EmbedderUnreachable(EncoderUnavailable):
+    """The embedder did not answer its identity question (connection refused, timeout, 5xx): an outage."""
 
 
 def fetch_remote_identity(url: str, timeout_s: float, retry_seconds: float = 0.0,
@@ -262,15 +266,12 @@ def fetch_remote_identity(url: str, timeout_s: float, retry_seconds: float = 0.0
         return _fetch_identity_once(url, timeout_s, api_key)
 
     def announce(state: RetryCallState) -> None:
-        error = state.outcome.exception() if state.outcome is not None else None
-        sleep = state.next_action.sleep if state.next_action is not None else 0.0
-        message = f"embedder unavailable ({error}); retry {state.attempt_number} in {sleep:.3g} s"
+        message = f"embedder unavailable ({failure_of(state)}); retry {state.attempt_number} in {next_sleep(state):.3g} s"
         log.warning("%s", message)
         if on_retry is not None:
             on_retry(message)
 
-    retrying = Retrying(stop=stop_after_delay(retry_seconds), wait=wait_exponential(multiplier=1, min=1, max=10),
-                        retry=retry_if_exception_type(EmbedderUnreachable), before_sleep=announce, reraise=True)
+    retrying = RetryPolicy(budget_s=retry_seconds).retrying(is_outage, before_sleep=announce)
     return retrying(_fetch_identity_once, url, timeout_s, api_key)
 
 
@@ -283,10 +284,22 @@ def _tls_context() -> ssl.SSLContext:
     return httpx.create_ssl_context()
 
 
+_identity_clients = threading.local()
+
+
+def _identity_client() -> httpx.Client:
+    """A keep-alive client per thread (and process: a forked child opens its own), so an identity check
+    repeated every few seconds reuses its connection instead of opening one (and a client) per check."""
+    held = getattr(_identity_clients, "held", None)
+    if held is None or held[0] != os.getpid():
+        held = _identity_clients.held = (os.getpid(), httpx.Client(verify=_tls_context()))
+    return held[1]
+
+
 def _fetch_identity_once(url: str, timeout_s: float, api_key: str = "") -> tuple[EncoderFingerprint, int]:
     endpoint = f"{url.rstrip('/')}/v1/encoder"
     try:
-        response = httpx.get(endpoint, timeout=timeout_s, headers=_auth(api_key), verify=_tls_context())
+        response = _identity_client().get(endpoint, timeout=timeout_s, headers=_auth(api_key))
         if response.status_code >= 500:
             raise EmbedderUnreachable(f"the embedder at {endpoint} answered {response.status_code}")
         response.raise_for_status()

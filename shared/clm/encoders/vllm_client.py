@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import time
 from typing import Any
 
 import httpx
 import numpy as np
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_when_event_set, wait_exponential
 
 from clm.encoders.base import (
     ENCODER_DIGEST_HEADER,
@@ -42,9 +42,11 @@ from clm.encoders.base import (
     EncoderError,
     EncoderFingerprint,
     EncoderInputError,
+    EncoderUnavailable,
 )
 from clm.encoders.batching import batch_by_budget
 from clm.encoders.options import EncodeOptions, token_ids_of
+from clm.retry import RetryPolicy
 
 
 class _Refused(Exception):
@@ -132,7 +134,10 @@ class VLLMEncoder:
         self.openai_strict = openai_strict
         self.require_digest_header = require_digest_header
         self.retry_attempts = retry_attempts
-        self._wait = wait_exponential(multiplier=retry_initial_s, min=retry_initial_s, max=retry_max_s)
+        # When a response last named our encoder's digest (monotonic s; 0: never): while traffic flows, every
+        # answer proves the identity, so a separate identity poll (clm-serve's) can skip its round trip.
+        self.verified_at = 0.0
+        self._retry = RetryPolicy(attempts=retry_attempts, initial_wait_s=retry_initial_s, max_wait_s=retry_max_s)
         self._slots = asyncio.Semaphore(max_concurrency)
         self._client = httpx.AsyncClient(
             base_url=self.base_url,
@@ -210,18 +215,15 @@ class VLLMEncoder:
     async def _post_with_retries(self, inputs: list[str], options: EncodeOptions = EncodeOptions(),
                                  give_up: asyncio.Event | None = None) -> tuple[np.ndarray, int]:
         """``give_up``: once set (a sibling batch of the same call failed for good), no further attempt."""
-        stop = stop_after_attempt(self.retry_attempts)
-        if give_up is not None:
-            stop = stop | stop_when_event_set(give_up)
         attempts = 0
         try:
-            async for attempt in AsyncRetrying(stop=stop, wait=self._wait, retry=retry_if_exception(_is_transient),
-                                               reraise=True):
+            async for attempt in self._retry.async_retrying(_is_transient, give_up=give_up):
                 with attempt:
                     attempts += 1
                     return await self._post_once(inputs, options)
         except (httpx.HTTPStatusError, httpx.TransportError) as exc:
-            raise EncoderError(
+            # An outage (the caller may wait and try again: clm.encoders.retrying) or a refusal of another kind.
+            raise (EncoderUnavailable if _is_transient(exc) else EncoderError)(
                 f"vLLM at {self.base_url} failed {attempts} attempts to embed "
                 f"{len(inputs)} inputs; last error: {type(exc).__name__}: {exc}"
             ) from exc
@@ -268,6 +270,7 @@ class VLLMEncoder:
             return
         if digest != self.fingerprint.digest:
             raise EncoderChanged(self.base_url, expected=self.fingerprint.digest, got=digest)
+        self.verified_at = time.monotonic()
 
     def _decode(self, response: httpx.Response, expected: int, normalize: bool) -> tuple[np.ndarray, int]:
         try:

@@ -27,6 +27,7 @@ from clm.recipes.distributed import RankInfo, all_gather, rank_device
 from clm.recipes.errors import RankFailedError
 from clm.recipes.progress import ProgressCallback, ProgressEvent
 from clm.recipes.results import EmbeddingContract
+from clm.retry import RetryPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ async def encode_rank_chunks(cfg: RecipeConfig, contract: EmbeddingContract, dev
         progress(ProgressEvent("embedding", done, total, counters={"texts_embedded": embedded}))
 
     def retry_notice(message: str, retry: int) -> None:
-        # An unavailable embedder is waited for, visibly: one event per retry (see embedding.encode_with_retry).
+        # An unavailable embedder is waited for, visibly: one event per retry (see clm.encoders.retrying).
         progress(ProgressEvent("embedding", last["done"], last["total"], message,
                                counters={"texts_embedded": last["texts_embedded"], "retry": retry}))
 
@@ -61,7 +62,7 @@ async def encode_rank_chunks(cfg: RecipeConfig, contract: EmbeddingContract, dev
     try:
         if backend.fingerprint.digest != contract.fingerprint.digest:
             raise EncoderError(f"the encoder's fingerprint changed while the run started: {backend.fingerprint}")
-        retry = embedding.RetryPolicy(budget_s=cfg.encoder.retry_seconds)
+        retry = RetryPolicy(budget_s=cfg.encoder.retry_seconds)
         async with embedding.chunk_encoder(backend, spec, cfg.cache.dir, cfg.cache.redis_url, retry,
                                            retry_notice) as encode:
             if path is not None:

@@ -20,8 +20,9 @@ A filesystem failure of the cache (unwritable folder, full disk) raises
 
 An unavailable embedder (restarting, or its vLLM down: connection refused,
 503, timeouts) does not fail a run at once: each remote batch is retried with
-exponential backoff for up to ``encoder.retry_seconds`` from its first
-failure (:func:`chunk_encoder`'s ``retry``), and every retry is announced through
+jittered exponential backoff for up to ``encoder.retry_seconds`` from its first
+failure (:func:`chunk_encoder`'s ``retry``, a ``clm.encoders.retrying.RetryingEncoder``),
+and every retry is announced through
 ``on_retry`` (the recipe turns it into an ``embedding`` progress event, so a
 trainer job shows it in its events). Nothing is written to the table for a
 batch that failed; a refused input (``EncoderInputError``) is never retried.
@@ -33,7 +34,6 @@ import hashlib
 import logging
 import os
 import shutil
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -41,23 +41,17 @@ from pathlib import Path
 
 import lmdb
 import numpy as np
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    retry_if_exception,
-    stop_after_attempt,
-    stop_after_delay,
-    wait_exponential,
-)
 
 from clm.cache.disk_tier import DiskTier, DiskTierFull
 from clm.cache.redis_tier import RedisTier
 from clm.cache.tiered import EmbeddingCache
 from clm.durable import temp_sibling
 from clm.embedding_table import EmbeddingTable, EmbeddingTableError
-from clm.encoders.base import EncoderBackend, EncoderChanged, EncoderError, EncoderInputError
+from clm.encoders.base import EncoderBackend
+from clm.encoders.retrying import RetryingEncoder, RetryNotice
 from clm.encoders.spec import EncoderSpec
 from clm.errors import UNAVAILABLE, KindedError
+from clm.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +64,7 @@ DEFAULT_CHUNK_TEXTS = 512
 
 EmbedProgress = Callable[[int, int, int], None]  # (texts done, texts total, texts_embedded so far)
 EncodeChunk = Callable[[list[str]], Awaitable[tuple[np.ndarray, int]]]  # -> (vectors, texts the encoder was asked)
-RetryNotice = Callable[[str, int], None]  # (message, retry number), before each backoff sleep
+RETRY_SETTING = "encoder.retry_seconds"  # what a gave-up message names as the budget
 
 
 class EmbeddingCacheError(KindedError, RuntimeError):
@@ -216,83 +210,6 @@ async def vector_cache_encoder(backend: EncoderBackend, cache_dir: Path,
         await cache.aclose()
 
 
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How long a remote batch is retried while the embedder is unavailable (``encoder.retry_seconds``)."""
-
-    budget_s: float = 300.0  # from the batch's first failure; 0 disables retrying
-    initial_wait_s: float = 1.0
-    max_wait_s: float = 10.0
-
-    def waits(self) -> list[float]:
-        """The backoff schedule that fits in the budget (its length is the most retries there can be)."""
-        waits, total, wait = [], 0.0, self.initial_wait_s
-        while total + wait <= self.budget_s:
-            waits.append(wait)
-            total += wait
-            wait = min(wait * 2, self.max_wait_s)
-        return waits
-
-
-def _outage(error: BaseException) -> bool:
-    """Worth retrying: the embedder was down. Not a refused input, nor another encoder (``EncoderChanged``:
-    the vectors already asked for are of the old one, so the job must fail, not wait)."""
-    return isinstance(error, EncoderError) and not isinstance(error, (EncoderInputError, EncoderChanged))
-
-
-async def encode_with_retry(
-    backend: EncoderBackend, texts: list[str], retry: RetryPolicy, on_retry: RetryNotice | None = None
-) -> np.ndarray:
-    """``backend.encode(texts).vectors``, retried with backoff while the backend is unavailable.
-
-    Gives up with an ``EncoderError`` naming the outage's length and the last
-    error once ``retry.budget_s`` has passed since the first failure.
-    """
-    max_retries = len(retry.waits())
-    if max_retries == 0:
-        return (await backend.encode(texts)).vectors
-
-    def announce(state: RetryCallState) -> None:
-        error = state.outcome.exception() if state.outcome is not None else None
-        sleep = state.next_action.sleep if state.next_action is not None else 0.0
-        message = (f"embedder unavailable ({_short_error(error)}); retry {state.attempt_number}/{max_retries} "
-                   f"in {sleep:.3g} s")
-        log.warning("%s", message)
-        if on_retry is not None:
-            on_retry(message, state.attempt_number)
-
-    retrying = AsyncRetrying(
-        stop=stop_after_delay(retry.budget_s) | stop_after_attempt(max_retries + 1),
-        wait=wait_exponential(multiplier=retry.initial_wait_s, min=retry.initial_wait_s, max=retry.max_wait_s),
-        retry=retry_if_exception(_outage),
-        before_sleep=announce,
-        reraise=True,
-    )
-    started = time.monotonic()
-    attempts = 0
-    try:
-        async for attempt in retrying:
-            with attempt:
-                attempts += 1
-                return (await backend.encode(texts)).vectors
-    except (EncoderInputError, EncoderChanged):  # the input's fault, or another encoder: as they are
-        raise
-    except EncoderError as error:
-        if attempts <= 1:
-            raise
-        raise EncoderError(
-            f"embedder unavailable for {time.monotonic() - started:.0f} s (encoder.retry_seconds="
-            f"{retry.budget_s:g}); gave up after {attempts} attempts on a batch of {len(texts)} texts; "
-            f"last error: {error}"
-        ) from error
-    raise AssertionError("unreachable: tenacity either returns or reraises")
-
-
-def _short_error(error: BaseException | None, limit: int = 300) -> str:
-    text = f"{type(error).__name__}: {error}" if error is not None else "unknown error"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def remote_encoder(backend: EncoderBackend, retry: RetryPolicy | None = None,
                    on_retry: RetryNotice | None = None) -> EncodeChunk:
     """Embedder path: the client splits each chunk into bounded, concurrent HTTP requests.
@@ -301,10 +218,10 @@ def remote_encoder(backend: EncoderBackend, retry: RetryPolicy | None = None,
     some, but this trainer had to ask for all of them. ``retry`` (default: no
     retries) bounds how long a chunk waits for an unavailable embedder.
     """
-    policy = retry or RetryPolicy(budget_s=0.0)
+    encoder = RetryingEncoder(backend, retry or RetryPolicy(attempts=1), on_retry, budget_name=RETRY_SETTING)
 
     async def encode_chunk(chunk: list[str]) -> tuple[np.ndarray, int]:
-        return await encode_with_retry(backend, chunk, policy, on_retry), len(chunk)
+        return (await encoder.encode(chunk)).vectors, len(chunk)
 
     return encode_chunk
 
