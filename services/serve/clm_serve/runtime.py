@@ -197,7 +197,11 @@ class ServeRuntime:
 
     async def _open_encoder(self) -> None:
         """Open the encoder; the embedder may simply not be up yet (compose/k8s start order): keep trying
-        (jittered backoff) until it answers. A local model that cannot load will not load later."""
+        (jittered backoff) until it answers. A local model that cannot load will not load later. An encoder
+        given to the runtime (benchmarks, in-process tests) is used as it is."""
+        if self.encoder is not None:
+            return
+
         def open_once() -> EncoderBackend:  # blocking (loads a model, or asks the embedder its identity)
             return self.settings.encoder_spec().build()
 
