@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from clm_devtools.paths import REPO_ROOT
 from clm_devtools.procs import start_redis
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from clm_devtools.procs import wait_until
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from clm_devtools.paths import REPO_ROOT
 COMPOSE_FILES = ("docker-compose.yml", "docker-compose.cpu.yml")
 LOCAL_PYTHON_IMAGE = "clm-local/debian-python:3.11-bookworm"
 LOCAL_REDIS_IMAGE = "clm-local/debian-redis:bookworm"

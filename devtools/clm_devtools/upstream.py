@@ -17,7 +17,7 @@ import os
 import sys
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]  # devtools/clm_devtools/upstream.py -> the checkout
+from clm_devtools.paths import REPO_ROOT
 UPSTREAM_DIR = REPO_ROOT / "var" / "peers" / "contrastive-lm"
 
 __all__ = ["REPO_ROOT", "UPSTREAM_DIR", "UpstreamServe", "assert_upstream_clm", "upstream_dir", "upstream_env",

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from clm.encoders.base import Pooling
+from clm_devtools.paths import REPO_ROOT
 from clm_devtools.procs import ManagedProcess, free_port, metric_samples, wait_http, wait_until
 
 _VLLM_POOLING = {"last": "LAST", "mean": "MEAN", "cls": "CLS"}
@@ -38,9 +39,7 @@ def default_vllm_python() -> Path:
     configured = os.environ.get("CLM_VLLM_PYTHON")
     if configured:
         return Path(configured)
-    # devtools/clm_devtools/vllm_server.py -> the repository root is two folders up from clm_devtools/.
-    repo_root = Path(__file__).resolve().parents[2]
-    candidate = repo_root / ".venv-vllm" / "bin" / "python"
+    candidate = REPO_ROOT / ".venv-vllm" / "bin" / "python"
     if not candidate.exists():
         raise FileNotFoundError(
             f"no vLLM environment at {candidate}; run `make setup` or set CLM_VLLM_PYTHON"

@@ -39,7 +39,7 @@ from clm.recipes.embedding import EmbeddingCacheError
 from clm.recipes.train_clm_heads import TrainCLMHeadsRecipe
 from clm.synthetic import write_soc_triage_splits
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from clm_devtools.paths import REPO_ROOT
 EMPTY = inspect.Parameter.empty
 POS = inspect.Parameter.POSITIONAL_OR_KEYWORD
 

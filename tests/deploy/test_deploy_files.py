@@ -40,7 +40,7 @@ from clm_trainer.settings import TrainerSettings
 
 from support.sentinel import start_sentinel_setup
 
-REPO = Path(__file__).resolve().parents[2]
+from clm_devtools.paths import REPO_ROOT as REPO
 COMPOSE_FILE = REPO / "docker-compose.yml"
 DOCKERFILE = REPO / "docker" / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"

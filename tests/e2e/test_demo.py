@@ -15,7 +15,7 @@ from pathlib import Path
 
 from clm.synthetic import write_soc_triage_splits
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from clm_devtools.paths import REPO_ROOT
 
 
 def run_demo(workdir: Path, data: Path) -> dict:

@@ -16,11 +16,10 @@ row can never claim a pass that did not happen.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from clm_devtools.paths import REPO_ROOT
 REPORT_PATH = REPO_ROOT / "var" / "faults-report.md"
 
 

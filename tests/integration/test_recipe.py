@@ -272,7 +272,7 @@ def test_cli_reports_a_bad_override_with_its_key(base_config, tmp_path, capsys):
 # ---------------------------------------------------------------------------------------------
 # Learning, measured: MiniLM on (a slice of) the bundled SOC-triage data.
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from clm_devtools.paths import REPO_ROOT
 EXAMPLE = REPO_ROOT / "examples" / "decision" / "clm_soc_triage.yaml"
 
 

@@ -24,7 +24,7 @@ from clm.recipes.shards import ShardPlan, shard_path, staging_dir
 from clm.recipes.train_clm_heads import TrainCLMHeadsRecipe
 from clm.synthetic import write_soc_triage_splits
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from clm_devtools.paths import REPO_ROOT
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 CLM = Path(sys.executable).parent / "clm"  # the console script, as a user runs it
 CHUNK_TEXTS = 16

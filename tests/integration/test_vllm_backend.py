@@ -20,7 +20,7 @@ from clm_devtools.vllm_server import VLLMServer
 
 pytestmark = pytest.mark.vllm
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from clm_devtools.paths import REPO_ROOT
 MAX_TOKENS = 512
 
 WORDS = "alert user login failed from country DE BR firewall blocked port severity critical refund ticket".split()

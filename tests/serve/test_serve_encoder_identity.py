@@ -28,7 +28,7 @@ from clm.encoders.tiny_qwen3 import TinyQwen3Spec, build_tiny_qwen3
 from support.faults import Embedder, Serve, stop_all, wait_for
 from support.serve import HEADS_NAME, publish
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from clm_devtools.paths import REPO_ROOT
 
 REQUESTS = [
     {"state": {"rule": rule, "user": user},

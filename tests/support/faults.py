@@ -25,7 +25,7 @@ import httpx
 from clm_devtools.devstack import start_embedder
 from clm_devtools.procs import ManagedProcess, free_port, start_redis, wait_http, wait_until
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from clm_devtools.paths import REPO_ROOT
 
 from support.trainer import (
     TOKEN,

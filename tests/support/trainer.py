@@ -32,7 +32,7 @@ import httpx
 
 from clm_devtools.procs import ManagedProcess, free_port, wait_http, wait_until
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from clm_devtools.paths import REPO_ROOT
 SOC_DATA = REPO_ROOT / "examples" / "data" / "soc_triage"
 TOKEN = "trainer-test-token-7f3a9c"
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -31,7 +30,7 @@ from support.trainer import (
     write_data,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from clm_devtools.paths import REPO_ROOT
 
 
 def test_embedder_swapped_mid_job_fails_with_encoder_changed(tmp_path, tiny_qwen3_dir):

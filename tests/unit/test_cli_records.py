@@ -6,11 +6,10 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 from clm.cli import main
 
-ROOT = Path(__file__).resolve().parent.parent.parent
+from clm_devtools.paths import REPO_ROOT as ROOT
 REFERENCE = ROOT / "tests" / "data" / "systemone-records.jsonl"
 
 

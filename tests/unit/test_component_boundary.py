@@ -11,9 +11,8 @@ the trainer runs the recipe by design.
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from clm_devtools.paths import REPO_ROOT as REPO
 CORE = REPO / "shared" / "clm"
 RECIPES = "clm.recipes"
 ABOVE_THE_COMPONENTS = ("recipes", "cli")  # folders of shared/clm that may import the recipe

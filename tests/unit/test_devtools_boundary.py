@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import ast
 import tomllib
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from clm_devtools.paths import REPO_ROOT as REPO
 DEVTOOLS_PACKAGE = "clm_devtools"
 
 

@@ -32,7 +32,7 @@ from clm_embedder.encodings import (
 
 pytestmark = pytest.mark.vllm
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from clm_devtools.paths import REPO_ROOT
 VLLM_PYTHON = REPO_ROOT / ".venv-vllm" / "bin" / "python"
 KINDS = ("embedding", "pooling")
 MODEL = "tiny-qwen3-é"  # a non-ASCII name: raw UTF-8 in the JSON body, \u00e9 in the metadata header

@@ -20,7 +20,7 @@ from clm.encoders.spec import EncoderSpec
 from clm.encoders.tiny_qwen3 import build_tiny_qwen3
 from clm.texts import TEMPLATE_VERSION
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from clm_devtools.paths import REPO_ROOT
 
 # Mixed lengths on purpose: batching must not let a text's vector depend on its batch mates.
 TEXTS = [

@@ -20,7 +20,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-REPO = Path(__file__).resolve().parents[2]
+from clm_devtools.paths import REPO_ROOT as REPO
 VENV_PINS = REPO / "constraints" / "venv.txt"
 VLLM_PINS = REPO / "constraints" / "vllm.txt"
 SETUP = REPO / "scripts" / "setup.sh"

@@ -10,7 +10,7 @@ from clm.heads import HeadConfig
 from clm.recipes.config import ConfigError, HeadShape, build_config, load_config
 from clm.recipes.overrides import OverrideError, apply_overrides, parse_overrides, parse_scalar
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from clm_devtools.paths import REPO_ROOT
 EXAMPLE = REPO_ROOT / "examples" / "decision" / "clm_soc_triage.yaml"
 MINIMAL = {"data": {"train": "train.jsonl", "validation": "validation.jsonl"}}
 

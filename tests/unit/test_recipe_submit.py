@@ -10,14 +10,13 @@ from __future__ import annotations
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 
 from clm.cli import main as clm_main
 from clm.recipes.submit import JobSubmitError, submit_and_follow
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from clm_devtools.paths import REPO_ROOT
 EXAMPLE = REPO_ROOT / "examples" / "decision" / "clm_soc_triage.yaml"
 EVENTS = [
     {"phase": "embedding", "done": 10, "total": 10, "status": "running"},

@@ -6,7 +6,6 @@ import json
 import subprocess
 import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
@@ -23,7 +22,7 @@ from clm.texts import option_texts
 
 FAMILY_OF = {variant.question_id: family for family in FAMILIES for variant in family.variants}
 
-ROOT = Path(__file__).resolve().parent.parent.parent
+from clm_devtools.paths import REPO_ROOT as ROOT
 BUNDLED = ROOT / "examples" / "data" / "soc_triage"
 
 

@@ -22,7 +22,6 @@ float32``), so the answers agree to float32 rounding (~1e-6); 1e-3 is the contra
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import httpx
 import pytest
