@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Generic, TypeVar
 
 import numpy as np
@@ -32,31 +32,38 @@ import torch
 from clm.encoders.base import EncoderBackend
 from clm.singleflight import SingleFlight
 
+K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
 
-class LRU(Generic[V]):
-    """A bounded mapping that evicts the least recently used entry."""
+class LRU(Generic[K, V]):
+    """A bounded mapping that evicts the least recently used entry (``on_evict`` hears of each eviction)."""
 
-    def __init__(self, max_entries: int) -> None:
+    def __init__(self, max_entries: int, on_evict: Callable[[K], None] = lambda key: None) -> None:
         if max_entries < 1:
             raise ValueError(f"max_entries must be positive, got {max_entries}")
         self.max_entries = max_entries
-        self._data: OrderedDict[str, V] = OrderedDict()
+        self._data: OrderedDict[K, V] = OrderedDict()
+        self._on_evict = on_evict
 
-    def get(self, key: str) -> V | None:
+    def get(self, key: K) -> V | None:
         value = self._data.get(key)
         if value is not None:
             self._data.move_to_end(key)
         return value
 
-    def put(self, key: str, value: V) -> None:
+    def put(self, key: K, value: V) -> None:
         self._data[key] = value
         self._data.move_to_end(key)
         while len(self._data) > self.max_entries:
-            self._data.popitem(last=False)
+            evicted, _ = self._data.popitem(last=False)
+            self._on_evict(evicted)
 
-    def keys(self) -> list[str]:
+    def pop(self, key: K) -> V | None:
+        """Remove ``key`` (not an eviction: ``on_evict`` is not called)."""
+        return self._data.pop(key, None)
+
+    def keys(self) -> list[K]:
         """Keys, most recently used last."""
         return list(self._data)
 
@@ -94,7 +101,7 @@ class OptionEmbeddings:
     ) -> None:
         self.encoder = encoder
         self.round_to = round_to
-        self._store: LRU[np.ndarray] = LRU(max_entries)
+        self._store: LRU[str, np.ndarray] = LRU(max_entries)
         self._flights: SingleFlight[str, np.ndarray] = SingleFlight()
         self._tasks: set[asyncio.Task] = set()  # the encodes in flight (the loop keeps only weak references)
         self._on_encoded = on_encoded
@@ -149,13 +156,14 @@ class SharedActionCache:
     its arena by head and generation) and no heads can ever read another's projections."""
 
     def __init__(self, max_entries: int) -> None:
-        if max_entries < 1:
-            raise ValueError(f"max_entries must be positive, got {max_entries}")
-        self.max_entries = max_entries
-        self._data: OrderedDict[tuple[str, str], torch.Tensor] = OrderedDict()
-        self._counts: dict[str, int] = {}
+        self._lru: LRU[tuple[str, str], torch.Tensor] = LRU(max_entries, on_evict=lambda key: self._uncount(key[0]))
+        self._counts: dict[str, int] = {}  # entries per heads version (a view's len without a scan)
         self.hits = 0
         self.misses = 0
+
+    @property
+    def max_entries(self) -> int:
+        return self._lru.max_entries
 
     def view(
         self,
@@ -168,40 +176,32 @@ class SharedActionCache:
         return ActionCache(self, heads_key, on_hits=on_hits, on_misses=on_misses)
 
     def get(self, heads_key: str, text: str) -> torch.Tensor | None:
-        value = self._data.get((heads_key, text))
-        if value is not None:
-            self._data.move_to_end((heads_key, text))
-        return value
+        return self._lru.get((heads_key, text))
 
     def put(self, heads_key: str, text: str, value: torch.Tensor) -> None:
-        key = (heads_key, text)
-        if key not in self._data:
+        if (heads_key, text) not in self._lru:
             self._counts[heads_key] = self._counts.get(heads_key, 0) + 1
-        self._data[key] = value
-        self._data.move_to_end(key)
-        while len(self._data) > self.max_entries:
-            (evicted, _), _ = self._data.popitem(last=False)
-            self._uncount(evicted)
+        self._lru.put((heads_key, text), value)
 
     def texts(self, heads_key: str) -> list[str]:
         """One version's texts, most recently used last (a scan: for reloads, not for requests)."""
-        return [text for key, text in self._data if key == heads_key]
+        return [text for key, text in self._lru.keys() if key == heads_key]
 
     def drop(self, heads_key: str) -> None:
         """Forget a version that no longer serves, so its projections do not crowd out live ones."""
         if not self._counts.pop(heads_key, 0):
             return
-        for key in [key for key in self._data if key[0] == heads_key]:
-            del self._data[key]
+        for key in [key for key in self._lru.keys() if key[0] == heads_key]:
+            self._lru.pop(key)
 
     def has(self, heads_key: str, text: object) -> bool:
-        return (heads_key, text) in self._data
+        return (heads_key, text) in self._lru
 
     def count(self, heads_key: str) -> int:
         return self._counts.get(heads_key, 0)
 
     def __len__(self) -> int:
-        return len(self._data)
+        return len(self._lru)
 
     def _uncount(self, heads_key: str) -> None:
         left = self._counts.get(heads_key, 0) - 1

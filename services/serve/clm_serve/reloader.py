@@ -151,17 +151,13 @@ class HeadsManager:
 
     # -- target --------------------------------------------------------------------------------
 
-    @property
-    def name_dir(self) -> Path:
-        return self.path
-
     def _resolve_target(self) -> tuple[Path, str] | None:
         """(path to load, identity) or None when nothing is published yet. Blocking (file reads)."""
         if not self.published:
             path = self.path
             stat = os.stat(path / PT_FILE if path.is_dir() else path)
             return path, f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
-        if not (self.name_dir / LATEST_FILE).exists():
+        if not (self.path / LATEST_FILE).exists():
             return None
         published = resolve_latest(self.path.parent, self.path.name)
         return published.path, published.sha256
@@ -185,7 +181,7 @@ class HeadsManager:
                               retry_failed=retry_failed)
         if target is None:
             return ReloadOutcome("none", trigger, None, None,
-                                 f"nothing published yet under {self.name_dir}", _now())
+                                 f"nothing published yet under {self.path}", _now())
         path, identity = target
         if identity == self._identity:
             return ReloadOutcome("unchanged", trigger, str(path), self._version(), "already serving", _now())
@@ -280,7 +276,7 @@ class HeadsManager:
         root = self.path.parent
         while not stop.is_set():
             # Watch the name folder once it exists (events on `latest`), else the root for its creation.
-            target = self.name_dir if self.name_dir.is_dir() else root if root.is_dir() else None
+            target = self.path if self.path.is_dir() else root if root.is_dir() else None
             if target is None:
                 await asyncio.sleep(self.settings.poll_interval_s)
                 continue
@@ -288,7 +284,7 @@ class HeadsManager:
                 async for changes in awatch(target, stop_event=stop, recursive=False, debounce=50, step=20):
                     if any(Path(p).name == LATEST_FILE for _, p in changes):
                         await self._safe_reload("watch")
-                    if target != self.name_dir and self.name_dir.is_dir():
+                    if target != self.path and self.path.is_dir():
                         await self._safe_reload("watch")
                         break
             except Exception as error:  # inotify limits, unsupported filesystem: polling still runs

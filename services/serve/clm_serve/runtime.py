@@ -63,7 +63,11 @@ class ServeRuntime:
 
     @property
     def phase(self) -> str:
-        """What the service is doing: a line for /health and for 503 messages."""
+        """What the service is doing: a line for /health and for 503 messages (about the default heads)."""
+        return self.model_phase(self.settings.served_model_name)
+
+    def model_phase(self, name: str) -> str:
+        """``phase`` for one served model: the service's when it is not ready, else that model's heads'."""
         if self.fatal_error is not None:
             return f"failed: start-up crashed ({self.fatal_error}); see the service log"
         if self.encoder is None:
@@ -71,21 +75,12 @@ class ServeRuntime:
                 return f"failed: the in-process encoder did not load ({self.startup_error})"
             source = f"the embedder at {self.settings.embedder_url}" if self.settings.embedder_url else "the encoder"
             return f"starting: waiting for {source}" + (f" ({self.startup_error})" if self.startup_error else "")
-        if self.manager is None or self.manager.current is None:
-            if self.manager is not None and self.manager.last_error is not None:
-                return f"no heads loaded: {self.manager.last_error['message']}"
-            where = self.registry.sources[self.settings.served_model_name].path
-            return f"no heads loaded yet (looking at {where})"
-        return "ready"
-
-    def model_phase(self, name: str) -> str:
-        """``phase`` for one served model: the service's when it is not ready, else that model's heads'."""
-        if name == self.settings.served_model_name or self.encoder is None:
-            return self.phase
         manager = self.registry.managers.get(name)
-        if manager is not None and manager.current is None and manager.last_error is not None:
-            return f"no heads loaded: {manager.last_error['message']}"
-        return f"no heads loaded yet (looking at {self.registry.sources[name].path})"
+        if manager is None or manager.current is None:
+            if manager is not None and manager.last_error is not None:
+                return f"no heads loaded: {manager.last_error['message']}"
+            return f"no heads loaded yet (looking at {self.registry.sources[name].path})"
+        return "ready"
 
     async def start(self) -> None:
         self.batcher = ProjectionBatcher(
