@@ -117,16 +117,17 @@ def test_max_items_still_splits_a_queue():
 
 def test_with_free_slots_a_batch_beside_a_busy_one_waits_the_window_for_company():
     """``max_in_flight`` > 1 (a remote encoder): while one batch is in flight, the next waits up to
-    ``window_s`` so the callers trickling in share it, instead of one round trip each."""
+    ``window_s`` so the callers trickling in share it, instead of one round trip each (here until it is
+    full: ``max_items`` 3, so the test waits on the batch filling up, not on a clock)."""
 
     async def run():
-        batcher = Recorder(hold=True, window_s=0.5, max_items=64, max_in_flight=4)
+        batcher = Recorder(hold=True, window_s=30.0, max_items=3, max_in_flight=4)
         first = asyncio.create_task(batcher.submit([0]))
         await batcher.started(1)  # in flight: later callers now have company to wait for
         later = []
         for i in range(1, 4):
             later.append(asyncio.create_task(batcher.submit([i])))
-            await asyncio.sleep(0.02)  # arriving one by one, well inside the window
+            await asyncio.sleep(0.02)  # arriving one by one
         await batcher.started(2)
         for gate in batcher.gates:
             gate.set()
