@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 PYTEST := .venv/bin/pytest
 
-.PHONY: setup lock test test-compose test-fast test-faults demo bench-loss bench-embedder bench-trainer bench-serve bench-scale clean
+.PHONY: setup lock test test-compose lint-deploy test-fast test-faults demo bench-loss bench-embedder bench-trainer bench-serve bench-scale clean
 
 setup:
 	bash scripts/setup.sh
@@ -15,6 +15,9 @@ test:
 
 test-compose:  ## the CPU compose stack built and run for real (scripts/compose/run_stack_test.py)
 	$(PY) scripts/compose/run_stack_test.py
+
+lint-deploy:  ## the deployment linter: rules over docker/, docker-compose.yml, k8s/ (clm_devtools.deploy_lint)
+	$(PY) -m clm_devtools.deploy_lint
 
 test-fast:  ## unit tests only (no vLLM server)
 	$(PYTEST) -q tests -m "not vllm"

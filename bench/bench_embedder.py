@@ -36,7 +36,7 @@ import redis.asyncio as aioredis
 from clm.cache.codec import cache_key
 from clm.cache.redis_tier import redis_key
 
-from clm.encoders.tiny_qwen3 import TinyQwen3Spec, build_tiny_qwen3
+from clm_devtools.tiny_qwen3 import TinyQwen3Spec, build_tiny_qwen3
 from clm_devtools.devstack import start_embedder
 from clm_devtools.procs import start_redis
 from clm_devtools.vllm_server import VLLMServer, VLLMServerConfig

@@ -1,7 +1,7 @@
 """The data path at 10^4, 10^5 and 10^6 training records: load, texts, table, training, evaluation, memory.
 
 A benchmark, not a test (``make bench-scale``). Records come from the
-project's SOC-triage generator (``clm.synthetic``), written once under
+project's SOC-triage generator (``clm_devtools.synthetic``), written once under
 ``var/bench-scale/`` and reused. Each size runs in its own subprocess (so its
 memory is its own) through the recipe's own data path:
 
@@ -63,7 +63,7 @@ def log(message: str) -> None:
 # ------------------------------------------------------------------ data
 def records_file(workdir: Path, n_records: int, largest: int) -> Path:
     """``n_records`` generated records: the first lines of the largest file (generated once, then reused)."""
-    from clm.synthetic import generate_soc_triage
+    from clm_devtools.synthetic import generate_soc_triage
 
     full = workdir / f"soc-triage-{largest}.jsonl"
     if not full.is_file():
@@ -184,7 +184,7 @@ def run_size(data: Path, workdir: Path, dim: int, steps: int, seed: int) -> dict
 
     from clm.embedding_table import EmbeddingTable
     from clm.encoded import EncodedSplit
-    from clm.recipes.embedding import text_set_digest
+    from clm.recipes.embedding_cache import text_set_digest
     from clm.evaluation.scoring import score_records
     from clm.records.compact import TextIds, load_compact
 

@@ -15,7 +15,7 @@ import argparse
 from pathlib import Path
 
 from clm.records import load_records, summarize
-from clm.synthetic import DEFAULT_LABEL_NOISE, write_soc_triage_splits
+from clm_devtools.synthetic import DEFAULT_LABEL_NOISE, write_soc_triage_splits
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -71,5 +71,5 @@ if [ "${CLM_SKIP_VLLM:-0}" != "1" ]; then
 fi
 
 echo "==> building the tiny test encoder"
-.venv/bin/python -m clm.encoders.tiny_qwen3 --out var/models/tiny-qwen3
+.venv/bin/python -m clm_devtools.tiny_qwen3 --out var/models/tiny-qwen3
 echo "==> setup done"

@@ -50,9 +50,17 @@ def _flush_shared_redis(request):
 @pytest.fixture(scope="session")
 def tiny_qwen3_dir() -> Path:
     """The tiny test encoder (a Qwen3 built locally from a fixed seed; cached under var/)."""
-    from clm.encoders.tiny_qwen3 import build_tiny_qwen3
+    from clm_devtools.tiny_qwen3 import build_tiny_qwen3
 
     return build_tiny_qwen3(REPO_ROOT / "var" / "models" / "tiny-qwen3")
+
+
+@pytest.fixture(scope="session")
+def other_tiny_qwen3_dir() -> Path:
+    """A second tiny Qwen3: the same architecture and width, other weights (seed 1), so another digest."""
+    from clm_devtools.tiny_qwen3 import TinyQwen3Spec, build_tiny_qwen3
+
+    return build_tiny_qwen3(REPO_ROOT / "var" / "models" / "tiny-qwen3-seed1", TinyQwen3Spec(seed=1))
 
 
 @pytest.fixture(scope="session")

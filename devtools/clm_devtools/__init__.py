@@ -7,6 +7,10 @@
 * ``clm_devtools.vllm_server``: a vLLM pooling server from ``.venv-vllm``.
 * ``clm_devtools.compose``: a private Docker daemon and the compose stack on it
   (``make test-compose``).
+* ``clm_devtools.tiny_qwen3``: the tiny test encoder (a Qwen3 built from a fixed
+  seed; ``make setup`` and the vllm-cpu image run it).
+* ``clm_devtools.synthetic`` / ``synthetic_families``: the SOC-triage record
+  generator of the examples, benchmarks and tests.
 
 Not part of the core (``clm``): no service and no user command needs them, so
 the service images do not install this distribution, and nothing under

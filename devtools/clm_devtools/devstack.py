@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from clm_devtools.procs import ManagedProcess, free_port, wait_http
+from clm_devtools.procs import ManagedProcess, free_port, start_ready
 
 BIN_DIR = Path(sys.executable).parent
 
@@ -46,14 +46,12 @@ def _start(name: str, script_args: list[str], env: dict[str, str], log_dir: Path
            health_path: str | None = "/health", timeout: float = 180.0) -> Service:
     process = ManagedProcess(f"{name}:{port}", script_args, log_dir / f"{name}-{port}.log",
                              env={"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                                  **env}).start()
+                                  **env})
     url = f"http://127.0.0.1:{port}"
-    if health_path is not None:
-        try:
-            wait_http(process, url + health_path, timeout=timeout)
-        except BaseException:
-            process.stop()
-            raise
+    if health_path is None:
+        process.start()
+    else:
+        start_ready(process, url + health_path, timeout=timeout)
     return Service(process, url)
 
 

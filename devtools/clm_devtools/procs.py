@@ -124,6 +124,21 @@ def wait_http(process: ManagedProcess, url: str, timeout: float = 120.0) -> None
     raise TimeoutError(f"{process.name} not ready at {url} after {timeout:.0f}s:\n{process.log_tail()}")
 
 
+def start_ready(process: ManagedProcess, url: str, timeout: float = 120.0, *, kill: bool = False) -> ManagedProcess:
+    """Start ``process`` and wait until ``url`` answers 2xx; a process that never gets ready is stopped
+    (SIGKILLed with ``kill``) before the failure is raised, so no caller leaks a half-started server."""
+    process.start()
+    try:
+        wait_http(process, url, timeout=timeout)
+    except BaseException:
+        if kill:
+            process.kill()
+        else:
+            process.stop()
+        raise
+    return process
+
+
 def metric_samples(url: str, timeout: float = 5.0) -> dict[str, float]:
     """The samples of a Prometheus text page (a server's ``/metrics``) by sample name, each summed over
     its label sets (``vllm:request_success_total`` over every finish reason)."""

@@ -84,14 +84,9 @@ class UpstreamServe:
                                       env=upstream_env(**quiet))
 
     def start(self, timeout: float = 120) -> "UpstreamServe":
-        from clm_devtools.procs import wait_http
+        from clm_devtools.procs import start_ready
 
-        self.process.start()
-        try:
-            wait_http(self.process, f"{self.url}/health", timeout=timeout)
-        except BaseException:
-            self.process.stop()
-            raise
+        start_ready(self.process, f"{self.url}/health", timeout=timeout)
         return self
 
     def stop(self) -> None:

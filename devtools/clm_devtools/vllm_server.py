@@ -29,7 +29,7 @@ from pathlib import Path
 
 from clm.encoders.base import Pooling
 from clm_devtools.paths import REPO_ROOT
-from clm_devtools.procs import ManagedProcess, free_port, metric_samples, wait_http, wait_until
+from clm_devtools.procs import ManagedProcess, free_port, metric_samples, start_ready, wait_until
 
 _VLLM_POOLING = {"last": "LAST", "mean": "MEAN", "cls": "CLS"}
 
@@ -115,14 +115,9 @@ class VLLMServer:
         """Start the server and wait until ``/health`` answers (about 45 s on two CPU cores)."""
         if self.alive():
             raise RuntimeError(f"vLLM server on port {self.port} is already running (pid {self._process.pid})")
-        self._process = ManagedProcess(
-            f"vllm:{self.port}", self.command(), self.log_path, env=self.environment()
-        ).start()
-        try:
-            wait_http(self._process, f"{self.base_url}/health", timeout=timeout_s)
-        except BaseException:
-            self._process.kill()
-            raise
+        self._process = start_ready(ManagedProcess(f"vllm:{self.port}", self.command(), self.log_path,
+                                                   env=self.environment()),
+                                    f"{self.base_url}/health", timeout=timeout_s, kill=True)
         return self
 
     def alive(self) -> bool:

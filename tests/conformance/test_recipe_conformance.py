@@ -35,9 +35,9 @@ from clm.heads import CLMHeadPair
 from clm.records import load_records
 from clm.recipes import train_clm_heads
 from clm.recipes.config import ConfigError, RecipeConfig, build_config, load_config
-from clm.recipes.embedding import EmbeddingCacheError
+from clm.recipes.embedding_cache import EmbeddingCacheError
 from clm.recipes.train_clm_heads import TrainCLMHeadsRecipe
-from clm.synthetic import write_soc_triage_splits
+from clm_devtools.synthetic import write_soc_triage_splits
 
 from clm_devtools.paths import REPO_ROOT
 EMPTY = inspect.Parameter.empty
@@ -72,7 +72,7 @@ DIFFERENCES = {
     "records": "record dicts as documented, or clm.records.Record / EncodedRecord (annotation Sequence[Any])",
     "cfg": "clm.recipes.config.RecipeConfig (validated pydantic model) in place of ConfigNode",
     "_embedding_config": "returns EmbeddingContract(fingerprint, dim) in place of CLMEmbeddingCacheConfig",
-    "TrainCLMHeadsRecipe.__init__": "keyword-only additions: progress, resume_dir, on_epoch_end",
+    "TrainCLMHeadsRecipe.__init__": "keyword-only additions: observer, resume_dir, publisher",
 }
 
 

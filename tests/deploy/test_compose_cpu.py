@@ -17,11 +17,23 @@ from pathlib import Path
 import pytest
 import yaml
 
-from test_deploy_files import (
-    COMPOSE_FILE, DOCKERFILE, POOLING_FLAGS, REPO, compose_command, compose_env, dockerfile_stages, flag_value,
-    load_k8s, resolve,
-)
+from clm_devtools.deploy_lint import parse
+from clm_devtools.deploy_lint.parse import compose_command, compose_env, flag_value, resolve
+from clm_devtools.deploy_lint.wiring import POOLING_FLAGS
+from clm_devtools.paths import REPO_ROOT as REPO
 from clm_embedder.settings import EmbedderSettings
+
+COMPOSE_FILE = REPO / parse.COMPOSE_FILE
+DOCKERFILE = REPO / parse.DOCKERFILE
+
+
+def dockerfile_stages() -> dict[str, dict]:
+    return parse.dockerfile_stages(DOCKERFILE.read_text())
+
+
+def load_k8s() -> list[dict]:
+    return [manifest.doc for manifest in parse.load_k8s(REPO / parse.K8S_DIR)]
+
 
 CPU_FILE = REPO / "docker-compose.cpu.yml"
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from clm.synthetic import write_soc_triage_splits
+from clm_devtools.synthetic import write_soc_triage_splits
 
 from clm_devtools.paths import REPO_ROOT
 

@@ -96,8 +96,10 @@ def test_refused_input_and_zero_budget_are_not_retried(fault_report):
 
 
 def test_retry_events_are_never_throttled(fault_report):
-    """Trainer progress reporter: every embedder-retry event is written, even within the throttle interval."""
-    from clm_trainer.reporting import ProgressReporter
+    """The trainer's job progress recorder: every embedder-retry event is written, even within the throttle
+    interval."""
+    from clm.recipes.progress import ProgressEvent
+    from clm_trainer.job_progress import JobProgressRecorder
 
     class Queue:
         def __init__(self) -> None:
@@ -108,12 +110,12 @@ def test_retry_events_are_never_throttled(fault_report):
             return True
 
     queue = Queue()
-    reporter = ProgressReporter(queue, claim=None, epochs=None, interval_s=3600, on_lost=lambda: None)
-    reporter({"type": "progress", "phase": "embedding", "done": 0, "total": 10, "message": "", "counters": {}})
+    recorder = JobProgressRecorder(queue, claim=None, epochs=None, interval_s=3600, on_lost=lambda: None)
+    recorder.on_progress(ProgressEvent("embedding", 0, 10))
     for retry in (1, 2, 3):
-        reporter({"type": "progress", "phase": "embedding", "done": 0, "total": 10,
-                  "message": f"embedder unavailable (x); retry {retry}/9 in 1.0 s", "counters": {"retry": retry}})
-    reporter({"type": "progress", "phase": "embedding", "done": 5, "total": 10, "message": "", "counters": {}})
+        recorder.on_progress(ProgressEvent("embedding", 0, 10, f"embedder unavailable (x); retry {retry}/9 in 1.0 s",
+                                           counters={"retry": retry}))
+    recorder.on_progress(ProgressEvent("embedding", 5, 10))
     retries = [event for event in queue.written if event["counters"].get("retry")]
     fault_report.check("retry events written", f"{len(retries)}/3")
     assert [event["counters"]["retry"] for event in retries] == [1, 2, 3]

@@ -16,17 +16,12 @@ import torch
 from clm.checkpoint import load_checkpoint
 from clm.cli import main as clm_main
 from clm.encoded import collect_clm_texts
-from clm.encoders.tiny_qwen3 import build_tiny_qwen3
 from clm.records import load_records
 from clm.recipes.config import build_config
-from clm.recipes.embedding import EmbeddingCacheError
+from clm.recipes.embedding_cache import EmbeddingCacheError
 from clm.recipes.train_clm_heads import TrainCLMHeadsRecipe
-from clm.synthetic import write_soc_triage_splits
-
-
-@pytest.fixture(scope="module")
-def tiny_encoder(tmp_path_factory) -> Path:
-    return build_tiny_qwen3(tmp_path_factory.mktemp("models") / "tiny-qwen3")
+from clm_devtools.synthetic import write_soc_triage_splits
+from support.observers import RecordingObserver
 
 
 @pytest.fixture(scope="module")
@@ -43,12 +38,12 @@ def warm_cache(tmp_path_factory) -> Path:
 
 
 @pytest.fixture()
-def base_config(tiny_encoder, soc_data, warm_cache, tmp_path) -> dict:
+def base_config(tiny_qwen3_dir, soc_data, warm_cache, tmp_path) -> dict:
     return {
         "mode": "train",
         "data": {"train": str(soc_data["train"]), "validation": str(soc_data["validation"]),
                  "test": str(soc_data["test"])},
-        "encoder": {"backend": "local", "model": str(tiny_encoder), "pooling": "last", "max_tokens": 128},
+        "encoder": {"backend": "local", "model": str(tiny_qwen3_dir), "pooling": "last", "max_tokens": 128},
         "cache": {"dir": str(warm_cache)},
         "heads": {"config": {"width": 64, "projection_dim": 32}, "seed": 3},
         "loss": {"mode": "sft", "kl_coef": 0.1, "anchor_weight": 0.1},
@@ -72,8 +67,9 @@ def state_bytes(checkpoint_path: Path) -> bytes:
 
 def test_infonce_then_sft_then_rl_chain_embeds_once_and_links_parents(base_config, tmp_path):
     base_config["cache"]["dir"] = str(tmp_path / "cold-cache")
-    events = []
-    infonce = run(base_config, {"loss.mode": "infonce", "output.name": "stage-infonce"}, progress=events.append)
+    seen = RecordingObserver()
+    infonce = run(base_config, {"loss.mode": "infonce", "output.name": "stage-infonce"}, observer=seen)
+    events = seen.events
     texts = collect_clm_texts(
         record for split in ("train", "validation", "test") for record in load_records(base_config["data"][split])
     )
@@ -141,10 +137,11 @@ def test_an_interrupted_run_resumes_from_its_last_epoch_to_the_same_weights(base
 
     resume_dir = tmp_path / "resume"
     with pytest.raises(Preempted):
-        run(base_config, overrides, resume_dir=resume_dir, on_epoch_end=stop_after_first_epoch)
-    epochs_seen = []
-    resumed = run(base_config, overrides, resume_dir=resume_dir, on_epoch_end=lambda r: epochs_seen.append(r.epoch))
-    assert epochs_seen == [2, 3]
+        run(base_config, overrides, resume_dir=resume_dir, observer=RecordingObserver(stop_after_first_epoch))
+    seen = RecordingObserver()
+    resumed = run(base_config, overrides, resume_dir=resume_dir, observer=seen)
+    assert [report.epoch for report in seen.epochs] == [2, 3]
+    assert seen.resumed == [(1, 3)]
     straight = run(base_config, {**overrides, "output.name": "straight"})
     assert state_bytes(resumed.checkpoint.path) == state_bytes(straight.checkpoint.path)
     assert resumed.history == straight.history
@@ -153,18 +150,19 @@ def test_an_interrupted_run_resumes_from_its_last_epoch_to_the_same_weights(base
 def test_unwritable_cache_stops_the_job_before_training(base_config, tmp_path):
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file where the cache folder should be\n")
-    events = []
+    seen = RecordingObserver()
     with pytest.raises(EmbeddingCacheError) as caught:
-        run(base_config, {"cache.dir": str(blocker / "cache")}, progress=events.append)
+        run(base_config, {"cache.dir": str(blocker / "cache")}, observer=seen)
     message = str(caught.value)
     assert str(blocker / "cache") in message and "Nothing was trained" in message
-    assert not any(event.phase == "training" for event in events)
+    assert not any(event.phase == "training" for event in seen.events)
     assert not Path(base_config["output"]["checkpoint_root"]).exists()
 
 
 def test_report_result_and_events_say_where_the_time_went(base_config, soc_data):
-    events, epochs = [], []
-    result = run(base_config, {"train.epochs": 2}, progress=events.append, on_epoch_end=epochs.append)
+    seen = RecordingObserver()
+    result = run(base_config, {"train.epochs": 2}, observer=seen)
+    events, epochs = seen.events, seen.epochs
     timings = json.loads(result.report_path.read_text())["timings"]
     assert timings == result.timings and result.as_dict()["timings"] == timings
     train_questions = sum(len(r.decision_questions()) for r in load_records(soc_data["train"]))
@@ -207,16 +205,16 @@ def test_eval_after_train_is_served_by_the_train_runs_table_without_encoding(bas
     tables = tmp_path / "cold-cache" / "tables"
     [train_table] = list(tables.iterdir())
     shutil.rmtree(tmp_path / "cold-cache" / "vectors")
-    events = []
+    seen = RecordingObserver()
     evaluated = run(base_config, {"mode": "eval", "heads.init_checkpoint": str(trained.checkpoint.path),
                                   "data.train": None, "output.report_dir": str(tmp_path / "eval-report")},
-                    progress=events.append)
+                    observer=seen)
     assert evaluated.texts_embedded == 0 and evaluated.texts_total < trained.texts_total
     assert list(tables.iterdir()) == [train_table]
     assert not (tmp_path / "cold-cache" / "vectors").exists()  # the encoder was never opened
     report = json.loads(evaluated.report_path.read_text())
     assert report["embedding"]["table"] == str(train_table)
-    [embedding] = [e.counters for e in events if e.phase == "embedding"]
+    [embedding] = [e.counters for e in seen.events if e.phase == "embedding"]
     assert embedding["texts_embedded"] == 0 and embedding["from_cache"] == evaluated.texts_total
 
 
@@ -319,11 +317,11 @@ def test_minilm_sft_from_infonce_heads_learns_and_rl_raises_reward(tmp_path):
     assert rl_after["expected_reward"] > rl_before["expected_reward"] + 0.05
 
 
-def test_remote_embedding_through_the_embedder_service_matches_local(base_config, tiny_encoder, tmp_path):
+def test_remote_embedding_through_the_embedder_service_matches_local(base_config, tiny_qwen3_dir, tmp_path):
     """backend: embedder (what trainer workers use): vectors over HTTP, same fingerprint, same heads."""
     from clm_devtools.devstack import start_embedder
 
-    embedder = start_embedder(tmp_path / "logs", cache_dir=tmp_path / "embedder-cache", model=str(tiny_encoder),
+    embedder = start_embedder(tmp_path / "logs", cache_dir=tmp_path / "embedder-cache", model=str(tiny_qwen3_dir),
                               extra_env={"CLM_EMBEDDER_POOLING": "last", "CLM_EMBEDDER_MAX_TOKENS": "128"})
     try:
         remote_config = json.loads(json.dumps(base_config))
@@ -345,7 +343,7 @@ def test_remote_embedding_through_the_embedder_service_matches_local(base_config
         torch.testing.assert_close(remote_ckpt.state_dict[name], tensor, atol=5e-2, rtol=5e-2)
 
 
-def test_a_job_starting_while_the_embedder_is_down_waits_for_it(tiny_encoder, tmp_path):
+def test_a_job_starting_while_the_embedder_is_down_waits_for_it(tiny_qwen3_dir, tmp_path):
     """The identity lookup at setup retries (encoder.retry_seconds) instead of failing the job at once."""
     import threading
 
@@ -369,7 +367,7 @@ def test_a_job_starting_while_the_embedder_is_down_waits_for_it(tiny_encoder, tm
         # The embedder comes up only once the lookup has met it down and said it will retry.
         if first_retry.wait(timeout=120):
             started["service"] = start_embedder(tmp_path / "logs", cache_dir=tmp_path / "cache",
-                                                model=str(tiny_encoder), port=port,
+                                                model=str(tiny_qwen3_dir), port=port,
                                                 extra_env={"CLM_EMBEDDER_POOLING": "last"})
 
     thread = threading.Thread(target=start_after_the_first_retry)
@@ -387,7 +385,7 @@ def test_a_job_starting_while_the_embedder_is_down_waits_for_it(tiny_encoder, tm
 
 
 def test_an_upstream_file_is_evaluated_trained_from_and_compared_under_its_assumed_encoder(
-        base_config, tiny_encoder, tmp_path, capsys):
+        base_config, tiny_qwen3_dir, tmp_path, capsys):
     """A bare upstream-format .pt (no fingerprint, like CLM_v0.1-8B.pt) as heads.init_checkpoint and in
     ``clm eval --compare``: refused under the default assumption (the reference Qwen3-8B contract), accepted
     once heads.assumed_encoder names this run's encoder; it scores exactly like the same heads in our format,

@@ -22,7 +22,7 @@ from clm.records import load_records
 from clm.recipes.config import build_config
 from clm.recipes.shards import ShardPlan, shard_path, staging_dir
 from clm.recipes.train_clm_heads import TrainCLMHeadsRecipe
-from clm.synthetic import write_soc_triage_splits
+from clm_devtools.synthetic import write_soc_triage_splits
 
 from clm_devtools.paths import REPO_ROOT
 TORCHRUN = Path(sys.executable).parent / "torchrun"

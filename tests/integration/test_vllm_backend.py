@@ -19,8 +19,6 @@ from clm.encoders.vllm_client import VLLMEncoder
 from clm_devtools.vllm_server import VLLMServer
 
 pytestmark = pytest.mark.vllm
-
-from clm_devtools.paths import REPO_ROOT
 MAX_TOKENS = 512
 
 WORDS = "alert user login failed from country DE BR firewall blocked port severity critical refund ticket".split()

@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from pathlib import Path
 
 import pytest
 
 from clm.encoders.base import EncoderFingerprint
 from clm.encoders.local import LocalEncoder
-from clm.encoders.model_identity import fingerprint_for_model_dir
-from clm.encoders.tiny_qwen3 import build_tiny_qwen3
-from support.serve import DATA, MAX_TOKENS
+from support.serve import DATA, MAX_TOKENS, tiny_fingerprint
 
 
 @pytest.fixture(scope="session")
@@ -27,20 +24,14 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory) -> Path:
-    return build_tiny_qwen3(tmp_path_factory.mktemp("models") / "tiny-qwen3")
+def fingerprint(tiny_qwen3_dir) -> EncoderFingerprint:
+    """The fingerprint clm-serve computes for CLM_SERVE_ENCODER_MODEL=<tiny_qwen3_dir> (pooling auto = last)."""
+    return tiny_fingerprint(tiny_qwen3_dir)
 
 
 @pytest.fixture(scope="session")
-def fingerprint(tiny_model_dir) -> EncoderFingerprint:
-    """The fingerprint clm-serve computes for CLM_SERVE_ENCODER_MODEL=<tiny_model_dir> (pooling auto = last)."""
-    return fingerprint_for_model_dir(tiny_model_dir, pooling="last", normalize=True, dtype="float32",
-                                     max_tokens=MAX_TOKENS, model_name=tiny_model_dir.name)
-
-
-@pytest.fixture(scope="session")
-def tiny_encoder(tiny_model_dir, fingerprint):
-    encoder = LocalEncoder(tiny_model_dir, pooling="last", max_tokens=MAX_TOKENS, model_name=tiny_model_dir.name,
+def tiny_encoder(tiny_qwen3_dir, fingerprint):
+    encoder = LocalEncoder(tiny_qwen3_dir, pooling="last", max_tokens=MAX_TOKENS, model_name=tiny_qwen3_dir.name,
                            device="cpu")
     assert encoder.fingerprint == fingerprint
     yield encoder

@@ -26,19 +26,16 @@ from pathlib import Path
 import httpx
 import pytest
 
-from clm_serve.app import create_app
-from clm_serve.playground_routes import PLAYGROUND_DIR
+from clm_serve.http.app import create_app
+from clm_serve.http.playground_routes import PLAYGROUND_DIR
+from support.browser import chromium_driver
 from support.serve import serve_settings, start_serve_with_heads
 
-from selenium import webdriver
 from selenium.common.exceptions import TimeoutException
-from selenium.webdriver.chrome.service import Service as ChromeService
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMEDRIVER = Path("/usr/bin/chromedriver")
 ALLOWED_ORIGIN = "http://playground.example"
 # Rewritten by `CLM_UPDATE_SCREENSHOTS=1 pytest tests/serve/test_playground.py`.
 SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "playground.png"
@@ -76,9 +73,9 @@ def elsewhere(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def serve(tmp_path_factory, tiny_model_dir, elsewhere):
+def serve(tmp_path_factory, tiny_qwen3_dir, elsewhere):
     root = tmp_path_factory.mktemp("playground-serve")
-    service, _ = start_serve_with_heads(root / "logs", root / "checkpoints", tiny_model_dir,
+    service, _ = start_serve_with_heads(root / "logs", root / "checkpoints", tiny_qwen3_dir,
                                         extra_env={"CLM_SERVE_CORS_ORIGINS": f"{ALLOWED_ORIGIN}, {elsewhere}/"})
     try:
         yield service
@@ -88,24 +85,8 @@ def serve(tmp_path_factory, tiny_model_dir, elsewhere):
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
-    if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
-        pytest.fail(f"{CHROMIUM} and {CHROMEDRIVER} are needed: apt-get install chromium chromium-driver (make setup)")
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage", "--window-size=1280,800",
-                 f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=ChromeService(executable_path=str(CHROMEDRIVER)), options=options)
-    try:
-        # exactly 1280x800 CSS pixels, whatever the window decorations of this chromium build
-        driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
-                               {"width": 1280, "height": 800, "deviceScaleFactor": 1, "mobile": False})
+    with chromium_driver(tmp_path_factory.mktemp("chromium-profile"), 1280, 800) as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 def _wait(driver, condition, what: str, timeout: float = WAIT_S):
@@ -420,8 +401,8 @@ def _decisions_counted(client: httpx.Client) -> float:
 
 
 @pytest.mark.anyio
-async def test_playground_off_is_404_and_cors_off_sends_no_headers(tmp_path, tiny_model_dir):
-    app = create_app(serve_settings(tmp_path, tiny_model_dir, playground=False))  # its routes need no heads
+async def test_playground_off_is_404_and_cors_off_sends_no_headers(tmp_path, tiny_qwen3_dir):
+    app = create_app(serve_settings(tmp_path, tiny_qwen3_dir, playground=False))  # its routes need no heads
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://clm-serve") as client:
         page = await client.get("/")
         assert page.status_code == 404 and page.json()["error"]["type"] == "NotFoundError"
@@ -429,6 +410,6 @@ async def test_playground_off_is_404_and_cors_off_sends_no_headers(tmp_path, tin
         preflight = await client.options("/v1/systemone", headers={
             "Origin": ALLOWED_ORIGIN, "Access-Control-Request-Method": "POST"})
         assert "access-control-allow-origin" not in preflight.headers
-    on = create_app(serve_settings(tmp_path, tiny_model_dir))
+    on = create_app(serve_settings(tmp_path, tiny_qwen3_dir))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=on), base_url="http://clm-serve") as client:
         assert (await client.get("/")).status_code == 200  # the default: on

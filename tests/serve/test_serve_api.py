@@ -35,9 +35,9 @@ def _metric(text: str, name: str, labels: str = "") -> float:
     return 0.0
 
 
-async def test_answers_have_vllms_shape_field_by_field(tmp_path, tiny_model_dir, tiny_encoder, fingerprint, schemas):
+async def test_answers_have_vllms_shape_field_by_field(tmp_path, tiny_qwen3_dir, tiny_encoder, fingerprint, schemas):
     v1 = publish(tmp_path / "checkpoints", 1, fingerprint)
-    async with serve_in_process(serve_settings(tmp_path, tiny_model_dir), tiny_encoder) as (client, _):
+    async with serve_in_process(serve_settings(tmp_path, tiny_qwen3_dir), tiny_encoder) as (client, _):
         response = await client.post("/v1/systemone", json={**TRIAGE_REQUEST, "model": "clm", "request_id": "r-1"})
         assert response.status_code == 200, response.text
         body = response.json()
@@ -83,7 +83,7 @@ async def test_answers_have_vllms_shape_field_by_field(tmp_path, tiny_model_dir,
         assert response.json()["id"] == "decision-abc"
 
 
-async def test_invalid_requests_get_vllms_400(tmp_path, tiny_model_dir, tiny_encoder, fingerprint, schemas):
+async def test_invalid_requests_get_vllms_400(tmp_path, tiny_qwen3_dir, tiny_encoder, fingerprint, schemas):
     publish(tmp_path / "checkpoints", 1, fingerprint)
 
     def variant(**questions) -> dict:
@@ -99,7 +99,7 @@ async def test_invalid_requests_get_vllms_400(tmp_path, tiny_model_dir, tiny_enc
         ({"questions": {"q": {"type": "noul"}}}, "state"),  # missing state: a validation error
         ({**variant(q={"type": "noul"}), "cache_salt": ""}, "cache_salt"),
     ]
-    async with serve_in_process(serve_settings(tmp_path, tiny_model_dir), tiny_encoder) as (client, _):
+    async with serve_in_process(serve_settings(tmp_path, tiny_qwen3_dir), tiny_encoder) as (client, _):
         for body, message in cases:
             error = assert_vllm_error(await client.post("/v1/systemone", json=body), 400, schemas, message)
             assert error["type"] == "BadRequestError"
@@ -129,8 +129,8 @@ async def test_invalid_requests_get_vllms_400(tmp_path, tiny_model_dir, tiny_enc
         parse_record({"id": "r-array", "state": [1, {"a": "b"}], "questions": TRIAGE_REQUEST["questions"]})
 
 
-async def test_no_heads_means_503_and_not_ready(tmp_path, tiny_model_dir, tiny_encoder, fingerprint, schemas):
-    settings = serve_settings(tmp_path, tiny_model_dir)
+async def test_no_heads_means_503_and_not_ready(tmp_path, tiny_qwen3_dir, tiny_encoder, fingerprint, schemas):
+    settings = serve_settings(tmp_path, tiny_qwen3_dir)
     async with serve_in_process(settings, tiny_encoder, wait_ready=False) as (client, _):
         health = await client.get("/health")
         assert health.status_code == 503 and health.json()["status"] == "not ready"
@@ -146,14 +146,14 @@ async def _health_ok(client) -> bool:
     return (await client.get("/health")).status_code == 200
 
 
-async def test_heads_for_another_encoder_or_template_are_refused(tmp_path, tiny_model_dir, tiny_encoder, fingerprint,
+async def test_heads_for_another_encoder_or_template_are_refused(tmp_path, tiny_qwen3_dir, tiny_encoder, fingerprint,
                                                                  schemas):
     import dataclasses
 
     root = tmp_path / "checkpoints"
     other_model = dataclasses.replace(fingerprint, model="Qwen/Qwen3-Embedding-8B")
     publish(root, 1, other_model)
-    async with serve_in_process(serve_settings(tmp_path, tiny_model_dir), tiny_encoder, wait_ready=False) as (client, _):
+    async with serve_in_process(serve_settings(tmp_path, tiny_qwen3_dir), tiny_encoder, wait_ready=False) as (client, _):
         await wait_for(client, lambda: _has_error(client, "v0001"), what="refusal of v0001")
         heads = (await client.get("/v1/heads")).json()
         assert heads["version"] is None
@@ -182,14 +182,14 @@ async def _has_error(client, version: str) -> bool:
     return error is not None and version in (error["path"] or "")
 
 
-async def test_admin_reload_needs_a_configured_token(tmp_path, tiny_model_dir, tiny_encoder, fingerprint, schemas):
+async def test_admin_reload_needs_a_configured_token(tmp_path, tiny_qwen3_dir, tiny_encoder, fingerprint, schemas):
     root = tmp_path / "checkpoints"
     publish(root, 1, fingerprint)
     # No token configured: the route does not exist for clients.
-    async with serve_in_process(serve_settings(tmp_path, tiny_model_dir), tiny_encoder) as (client, _):
+    async with serve_in_process(serve_settings(tmp_path, tiny_qwen3_dir), tiny_encoder) as (client, _):
         assert_vllm_error(await client.post("/admin/reload"), 404, schemas, "CLM_SERVE_ADMIN_TOKEN")
 
-    settings = serve_settings(tmp_path, tiny_model_dir, admin_token=SecretStr("s3cret"), watch=False,
+    settings = serve_settings(tmp_path, tiny_qwen3_dir, admin_token=SecretStr("s3cret"), watch=False,
                               poll_interval_s=3600)
     async with serve_in_process(settings, tiny_encoder) as (client, _):
         assert_vllm_error(await client.post("/admin/reload"), 401, schemas, "bearer")
@@ -207,7 +207,7 @@ async def test_admin_reload_needs_a_configured_token(tmp_path, tiny_model_dir, t
         assert _metric((await client.get("/metrics")).text, "clm_serve_action_cache_misses_total", LATEST) == misses == 10
 
 
-async def test_a_single_checkpoint_is_served_without_watching(tmp_path, tiny_model_dir, tiny_encoder, fingerprint):
+async def test_a_single_checkpoint_is_served_without_watching(tmp_path, tiny_qwen3_dir, tiny_encoder, fingerprint):
     """``CLM_CKPT=<dir>/heads.pt clm-serve``: a bare heads.pt copied anywhere (no manifest, no version folder)."""
     import shutil
 
@@ -215,7 +215,7 @@ async def test_a_single_checkpoint_is_served_without_watching(tmp_path, tiny_mod
     bare = tmp_path / "seed-checkpoint" / "heads.pt"
     bare.parent.mkdir()
     shutil.copy(published.path / "heads.pt", bare)
-    settings = serve_settings(tmp_path, tiny_model_dir, ckpt=bare)
+    settings = serve_settings(tmp_path, tiny_qwen3_dir, ckpt=bare)
     async with serve_in_process(settings, tiny_encoder) as (client, app):
         response = await client.post("/v1/systemone", json=TRIAGE_REQUEST)
         assert response.headers["X-CLM-Heads-Version"] == f"sha256:{published.sha256[:12]}"
@@ -229,7 +229,7 @@ async def test_a_single_checkpoint_is_served_without_watching(tmp_path, tiny_mod
         assert (await client.get("/v1/heads")).json()["sha256"] == published.sha256
 
 
-async def test_an_upstream_head_file_is_served_under_its_assumed_encoder(tmp_path, tiny_model_dir, tiny_encoder,
+async def test_an_upstream_head_file_is_served_under_its_assumed_encoder(tmp_path, tiny_qwen3_dir, tiny_encoder,
                                                                         fingerprint, schemas):
     """``CLM_CKPT=CLM_v0.1-8B.pt``: an upstream-format file with none of our keys. Under the default assumption
     (the reference Qwen3-8B contract) it is refused naming both encoders; once CLM_SERVE_ASSUMED_ENCODER_*
@@ -239,13 +239,13 @@ async def test_an_upstream_head_file_is_served_under_its_assumed_encoder(tmp_pat
 
     heads = make_heads(4, hidden_size=tiny_encoder.dim)
     released = write_upstream_file(tmp_path / "hub" / "CLM_v0.1-tiny.pt", heads)
-    async with serve_in_process(serve_settings(tmp_path, tiny_model_dir, ckpt=released), tiny_encoder,
+    async with serve_in_process(serve_settings(tmp_path, tiny_qwen3_dir, ckpt=released), tiny_encoder,
                                 wait_ready=False) as (client, _):
         await wait_for(client, lambda: _has_error(client, "CLM_v0.1-tiny.pt"), what="refusal")
         message = (await client.get("/v1/heads")).json()["last_error"]["message"]
         assert "CLM_v0.1-tiny.pt" in message and "Qwen/Qwen3-8B" in message and "hidden_size 128" in message
         assert_vllm_error(await client.post("/v1/systemone", json=TRIAGE_REQUEST), 503, schemas)
-    async with serve_in_process(serve_settings(tmp_path, tiny_model_dir, ckpt=released, assumed_encoder_width=0),
+    async with serve_in_process(serve_settings(tmp_path, tiny_qwen3_dir, ckpt=released, assumed_encoder_width=0),
                                 tiny_encoder, wait_ready=False) as (client, _):
         await wait_for(client, lambda: _has_error(client, "CLM_v0.1-tiny.pt"), what="refusal")
         message = (await client.get("/v1/heads")).json()["last_error"]["message"]
@@ -254,9 +254,9 @@ async def test_an_upstream_head_file_is_served_under_its_assumed_encoder(tmp_pat
     published = publish_checkpoint(tmp_path / "ours", HEADS_NAME, heads, fingerprint)
     answers = {}
     for label, settings in (
-        ("upstream", serve_settings(tmp_path, tiny_model_dir, ckpt=released, assumed_encoder_model=fingerprint.model,
+        ("upstream", serve_settings(tmp_path, tiny_qwen3_dir, ckpt=released, assumed_encoder_model=fingerprint.model,
                                     assumed_encoder_width=tiny_encoder.dim)),
-        ("ours", serve_settings(tmp_path, tiny_model_dir, ckpt=published.path)),
+        ("ours", serve_settings(tmp_path, tiny_qwen3_dir, ckpt=published.path)),
     ):
         async with serve_in_process(settings, tiny_encoder) as (client, _):
             response = await client.post("/v1/systemone", json=TRIAGE_REQUEST)
@@ -274,9 +274,9 @@ async def test_an_upstream_head_file_is_served_under_its_assumed_encoder(tmp_pat
         assert answers["upstream"][qid]["probabilities"] == pytest.approx(answer["probabilities"], abs=1e-6)
 
 
-async def test_action_cache_and_micro_batching(tmp_path, tiny_model_dir, tiny_encoder, fingerprint):
+async def test_action_cache_and_micro_batching(tmp_path, tiny_qwen3_dir, tiny_encoder, fingerprint):
     publish(tmp_path / "checkpoints", 1, fingerprint)
-    settings = serve_settings(tmp_path, tiny_model_dir, batch_window_ms=50.0)
+    settings = serve_settings(tmp_path, tiny_qwen3_dir, batch_window_ms=50.0)
     async with serve_in_process(settings, tiny_encoder) as (client, app):
         first = await client.post("/v1/systemone", json=TRIAGE_REQUEST)
         metrics = (await client.get("/metrics")).text
@@ -333,11 +333,11 @@ class _FaultyEncoder:
         return None
 
 
-async def test_encoder_faults_are_503_or_400_and_stay_with_their_request(tmp_path, tiny_model_dir, tiny_encoder,
+async def test_encoder_faults_are_503_or_400_and_stay_with_their_request(tmp_path, tiny_qwen3_dir, tiny_encoder,
                                                                          fingerprint, schemas):
     publish(tmp_path / "checkpoints", 1, fingerprint)
     encoder = _FaultyEncoder(tiny_encoder)
-    settings = serve_settings(tmp_path, tiny_model_dir, batch_window_ms=50.0)
+    settings = serve_settings(tmp_path, tiny_qwen3_dir, batch_window_ms=50.0)
     async with serve_in_process(settings, encoder) as (client, _):
         assert (await client.post("/v1/systemone", json=TRIAGE_REQUEST)).status_code == 200
         encoder.down = True
@@ -367,7 +367,7 @@ def test_shared_encoder_calls_split_token_counts_exactly():
     assert split_tokens(5, [[], []]) in ([3, 2], [2, 3])
 
 
-async def test_options_seen_in_training_are_projected_before_the_first_request(tmp_path, tiny_model_dir,
+async def test_options_seen_in_training_are_projected_before_the_first_request(tmp_path, tiny_qwen3_dir,
                                                                                tiny_encoder, fingerprint):
     """A checkpoint's options.json (written by the trainer) warms the action cache when the heads load."""
     from clm.checkpoint import publish_checkpoint
@@ -376,7 +376,7 @@ async def test_options_seen_in_training_are_projected_before_the_first_request(t
 
     trained = [text for spec in TRIAGE_REQUEST["questions"].values() for text in option_texts(spec)]
     publish_checkpoint(tmp_path / "checkpoints", HEADS_NAME, make_heads(1), fingerprint, option_texts=trained)
-    settings = serve_settings(tmp_path, tiny_model_dir)
+    settings = serve_settings(tmp_path, tiny_qwen3_dir)
     async with serve_in_process(settings, tiny_encoder) as (client, _):
         assert (await client.get("/v1/heads")).json()["action_cache_entries"] == len(set(trained))
         await client.post("/v1/systemone", json=TRIAGE_REQUEST)
@@ -385,10 +385,10 @@ async def test_options_seen_in_training_are_projected_before_the_first_request(t
         assert _metric(metrics, "clm_serve_action_cache_hits_total", LATEST) == 10
 
 
-async def test_a_one_option_choice_is_answered_with_probability_one(tmp_path, tiny_model_dir, tiny_encoder, fingerprint):
+async def test_a_one_option_choice_is_answered_with_probability_one(tmp_path, tiny_qwen3_dir, tiny_encoder, fingerprint):
     """vLLM's structured-decisions tests and the upstream CLM answer a one-option choice: probability 1."""
     publish(tmp_path / "checkpoints", 1, fingerprint)
-    async with serve_in_process(serve_settings(tmp_path, tiny_model_dir), tiny_encoder) as (client, _):
+    async with serve_in_process(serve_settings(tmp_path, tiny_qwen3_dir), tiny_encoder) as (client, _):
         body = {"state": "a single path forward",
                 "questions": {"only": {"type": "choice", "criteria": {"proceed": "the one option"}}}}
         response = await client.post("/v1/systemone", json=body)
@@ -397,11 +397,11 @@ async def test_a_one_option_choice_is_answered_with_probability_one(tmp_path, ti
         assert (answer["choice"], answer["probabilities"], answer["confidence"]) == ("proceed", {"proceed": 1.0}, 1.0)
 
 
-async def test_a_temperature_near_zero_gives_the_argmax_not_nan(tmp_path, tiny_model_dir, tiny_encoder, fingerprint):
+async def test_a_temperature_near_zero_gives_the_argmax_not_nan(tmp_path, tiny_qwen3_dir, tiny_encoder, fingerprint):
     """logits / 5e-324 overflows (upstream's formula gives NaN there, found by the fuzzer): the top logit is
     moved to 0 first and the division is in float64, so the answer is the argmax's one-hot."""
     publish(tmp_path / "checkpoints", 1, fingerprint)
-    async with serve_in_process(serve_settings(tmp_path, tiny_model_dir), tiny_encoder) as (client, _):
+    async with serve_in_process(serve_settings(tmp_path, tiny_qwen3_dir), tiny_encoder) as (client, _):
         for model in ("clm-latest", "clm-raw"):
             cold = await client.post("/v1/systemone", json={**TRIAGE_REQUEST, "model": model, "temperature": 5e-324})
             assert cold.status_code == 200, cold.text

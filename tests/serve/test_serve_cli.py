@@ -261,7 +261,7 @@ def test_help_lists_the_flags_and_every_variable(capsys):
     assert "CLM_ACTION_CACHE" in text and "settings (environment variables):" in text
 
 
-def test_a_real_clm_serve_started_with_upstreams_flags(tmp_path, tiny_model_dir, fingerprint):
+def test_a_real_clm_serve_started_with_upstreams_flags(tmp_path, tiny_qwen3_dir, fingerprint):
     """``clm-serve --ckpt <heads file> --port P --host 127.0.0.1 --no-ui --cors``: the flags, not the variables
     set beside them (a different CLM_PORT, the playground on), decide."""
     published = publish(tmp_path / "published", 3, fingerprint)
@@ -273,7 +273,7 @@ def test_a_real_clm_serve_started_with_upstreams_flags(tmp_path, tiny_model_dir,
     args = [str(script), "--ckpt", str(heads_file), "--port", str(port), "--host", "127.0.0.1", "--no-ui", "--cors",
             "--max-tokens", str(MAX_TOKENS), "--no-download", "--emb-model", "qwen3-8b", "--action-cache", "64MiB"]
     env = {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "CLM_SERVE_ENCODER_MODEL": str(tiny_model_dir), "CLM_SERVE_EMBEDDER_URL": "",  # the in-process encoder
+           "CLM_SERVE_ENCODER_MODEL": str(tiny_qwen3_dir), "CLM_SERVE_EMBEDDER_URL": "",  # the in-process encoder
            "CLM_SERVE_CHECKPOINT_ROOT": str(tmp_path / "empty-root"),
            "CLM_PORT": str(decoy), "CLM_SERVE_PLAYGROUND": "true", "CLM_SERVE_CORS_ORIGINS": ""}
     process = ManagedProcess(f"clm-serve:{port}", args, tmp_path / "clm-serve.log", env=env).start()

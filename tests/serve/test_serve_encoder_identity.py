@@ -16,19 +16,14 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import numpy as np
-import pytest
 
 from clm.encoders.base import ENCODER_DIGEST_HEADER, EncoderFingerprint
-from clm.encoders.tiny_qwen3 import TinyQwen3Spec, build_tiny_qwen3
 
 from support.faults import Embedder, Serve, stop_all, wait_for
 from support.serve import HEADS_NAME, publish
-
-from clm_devtools.paths import REPO_ROOT
 
 REQUESTS = [
     {"state": {"rule": rule, "user": user},
@@ -38,12 +33,6 @@ REQUESTS = [
     for rule, user in [("impossible travel", "j.doe"), ("mass download", "a.lee"), ("new admin", "svc-backup"),
                        ("phishing click", "m.ross")]
 ]
-
-
-@pytest.fixture(scope="module")
-def other_model_dir() -> Path:
-    """A second tiny Qwen3: same architecture and width, other weights (seed 1), so another digest."""
-    return build_tiny_qwen3(REPO_ROOT / "var" / "models" / "tiny-qwen3-seed1", TinyQwen3Spec(seed=1))
 
 
 def probabilities(answers: dict) -> np.ndarray:
@@ -112,7 +101,7 @@ class Load:
             return self.results[index:]
 
 
-def test_embedder_restarted_with_another_model_under_load(tmp_path, tiny_qwen3_dir, other_model_dir):
+def test_embedder_restarted_with_another_model_under_load(tmp_path, tiny_qwen3_dir, other_tiny_qwen3_dir):
     """Embedder restarted with another model under load: no answer from mismatched vectors."""
     embedder = Embedder(tmp_path, tmp_path / "embedder-cache", model=tiny_qwen3_dir)
     serve = None
@@ -140,7 +129,7 @@ def test_embedder_restarted_with_another_model_under_load(tmp_path, tiny_qwen3_d
             wait_for(lambda: len(load.results) >= 20, 60, "load on clm-serve")
             swapped_at = time.monotonic()
             embedder.stop()
-            embedder.env["CLM_EMBEDDER_MODEL"] = str(other_model_dir)
+            embedder.env["CLM_EMBEDDER_MODEL"] = str(other_tiny_qwen3_dir)
             embedder.start()
             digest_b, _ = identity(embedder.url)
             assert digest_b != digest_a

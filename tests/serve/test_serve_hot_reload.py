@@ -92,12 +92,12 @@ def _matches(answer_probs: list[list[float]], expected: list[list[float]], tol: 
     return all(np.allclose(a, e, atol=tol) for a, e in zip(answer_probs, expected))
 
 
-def test_hot_reload_under_concurrent_load(tmp_path, tiny_model_dir, tiny_encoder, fingerprint):
+def test_hot_reload_under_concurrent_load(tmp_path, tiny_qwen3_dir, tiny_encoder, fingerprint):
     root = tmp_path / "checkpoints"
     marker = tmp_path / "pickle-ran-code"
     port = free_port()
     env = {
-        "CLM_SERVE_HOST": "127.0.0.1", "CLM_SERVE_PORT": str(port), "CLM_SERVE_ENCODER_MODEL": str(tiny_model_dir),
+        "CLM_SERVE_HOST": "127.0.0.1", "CLM_SERVE_PORT": str(port), "CLM_SERVE_ENCODER_MODEL": str(tiny_qwen3_dir),
         "CLM_SERVE_ENCODER_MAX_TOKENS": str(MAX_TOKENS), "CLM_SERVE_CHECKPOINT_ROOT": str(root),
         "CLM_SERVE_HEADS_NAME": HEADS_NAME, "CLM_SERVE_POLL_INTERVAL_S": "0.5", "CLM_SERVE_LOG_LEVEL": "info",
     }

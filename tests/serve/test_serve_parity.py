@@ -26,7 +26,7 @@ from clm.records import load_records
 from clm.encoded import collect_clm_texts, encode_records
 from clm.evaluation.scoring import score_records
 from clm.encoded import record_texts
-from clm_serve.reloader import warm_option_texts
+from clm_serve.runtime.reloader import warm_option_texts
 from support.serve import HEADS_NAME, serve_in_process, serve_settings
 
 pytestmark = pytest.mark.anyio
@@ -49,7 +49,7 @@ SHAPES = {
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
-async def test_served_probabilities_equal_the_recipes_evaluation(shape, tmp_path, tiny_model_dir, tiny_encoder,
+async def test_served_probabilities_equal_the_recipes_evaluation(shape, tmp_path, tiny_qwen3_dir, tiny_encoder,
                                                                  fingerprint):
     records = load_records(RECORDS)
     heads = CLMHeadPair(HeadConfig(hidden_size=tiny_encoder.dim, projection_dim=48, **SHAPES[shape]), seed=7)
@@ -70,7 +70,7 @@ async def test_served_probabilities_equal_the_recipes_evaluation(shape, tmp_path
     reference = {(s.record_id, s.question_id): s
                  for s in score_records(heads, table, encode_records(records, table), torch.device("cpu"))}
 
-    settings = serve_settings(tmp_path, tiny_model_dir, warm_options_file=RECORDS)
+    settings = serve_settings(tmp_path, tiny_qwen3_dir, warm_options_file=RECORDS)
     async with serve_in_process(settings, tiny_encoder) as (client, _):
         compared = 0
         for record in records:

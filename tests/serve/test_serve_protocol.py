@@ -12,7 +12,7 @@ import json
 import pytest
 
 from clm.texts import option_texts
-from clm_serve.protocol import StructuredDecisionRequest, StructuredDecisionResponse
+from clm_serve.http.protocol import StructuredDecisionRequest, StructuredDecisionResponse
 from clm_serve.question_types import StructuredDecisionError, build_question, typesafe_confidence
 from support.serve import DATA
 

@@ -38,13 +38,13 @@ async def _ask(client, model):
     return response
 
 
-async def test_each_model_answers_with_its_own_heads(tmp_path, tiny_model_dir, tiny_encoder, fingerprint):
+async def test_each_model_answers_with_its_own_heads(tmp_path, tiny_qwen3_dir, tiny_encoder, fingerprint):
     root = tmp_path / "checkpoints"
     publish(root, 1, fingerprint)  # the default name, triage
     _publish(root, "second", 2, fingerprint)
     alpha, alpha_sha = _file(tmp_path, 3, fingerprint, "dir/alpha.pt")
     beta, beta_sha = _file(tmp_path, 4, fingerprint, "elsewhere/beta.pt")
-    settings = serve_settings(tmp_path, tiny_model_dir, published_models="*", ckpt_dir=tmp_path / "dir",
+    settings = serve_settings(tmp_path, tiny_qwen3_dir, published_models="*", ckpt_dir=tmp_path / "dir",
                               models=f"beta={beta}")
     async with serve_in_process(settings, tiny_encoder) as (client, app):
         await wait_for(client, lambda: _all_loaded(client, 4), what="four heads")
@@ -85,7 +85,7 @@ async def test_each_model_answers_with_its_own_heads(tmp_path, tiny_model_dir, t
 
     # The same file served alone gives the same probabilities: nothing is read across heads.
     for model, path in (("beta", beta), ("alpha", alpha)):
-        alone = serve_settings(tmp_path, tiny_model_dir, ckpt=path)
+        alone = serve_settings(tmp_path, tiny_qwen3_dir, ckpt=path)
         async with serve_in_process(alone, tiny_encoder) as (client, _):
             response = await client.post("/v1/systemone", json=TRIAGE_REQUEST)
             assert response.json()["answers"] == answers[model][1], model
@@ -96,12 +96,12 @@ async def _all_loaded(client, count: int) -> bool:
     return len(heads["models"]) == count and all(m["version"] for m in heads["models"].values())
 
 
-async def test_models_reload_on_their_own_and_new_names_appear(tmp_path, tiny_model_dir, tiny_encoder, fingerprint):
+async def test_models_reload_on_their_own_and_new_names_appear(tmp_path, tiny_qwen3_dir, tiny_encoder, fingerprint):
     root = tmp_path / "checkpoints"
     publish(root, 1, fingerprint)
     _publish(root, "second", 2, fingerprint)
     alpha, _ = _file(tmp_path, 3, fingerprint, "dir/alpha.pt")
-    settings = serve_settings(tmp_path, tiny_model_dir, published_models="second,third", ckpt_dir=tmp_path / "dir",
+    settings = serve_settings(tmp_path, tiny_qwen3_dir, published_models="second,third", ckpt_dir=tmp_path / "dir",
                               max_models=4, admin_token="t0ken")
     async with serve_in_process(settings, tiny_encoder) as (client, app):
         await wait_for(client, lambda: _all_loaded(client, 3), what="three heads")
@@ -149,12 +149,12 @@ async def test_models_reload_on_their_own_and_new_names_appear(tmp_path, tiny_mo
         assert unknown.status_code == 404
 
 
-async def test_a_model_without_heads_yet_is_a_503_naming_it(tmp_path, tiny_model_dir, tiny_encoder, fingerprint):
+async def test_a_model_without_heads_yet_is_a_503_naming_it(tmp_path, tiny_qwen3_dir, tiny_encoder, fingerprint):
     """A ``models`` entry whose file is refused: that name answers 503 with the reason, the others serve."""
     publish(tmp_path / "checkpoints", 1, fingerprint)
     broken = tmp_path / "broken.pt"
     broken.write_bytes(b"not a checkpoint")
-    settings = serve_settings(tmp_path, tiny_model_dir, models=f"broken={broken}")
+    settings = serve_settings(tmp_path, tiny_qwen3_dir, models=f"broken={broken}")
     async with serve_in_process(settings, tiny_encoder) as (client, _):
         await _ask(client, "clm-latest")
         response = await client.post("/v1/systemone", json={**TRIAGE_REQUEST, "model": "broken"})

@@ -30,9 +30,9 @@ def _probs(answer: dict) -> list[float]:
     return list(answer["probabilities"].values())
 
 
-async def test_model_names_default_alias_raw_and_unknown(tmp_path, tiny_model_dir, tiny_encoder, fingerprint, schemas):
+async def test_model_names_default_alias_raw_and_unknown(tmp_path, tiny_qwen3_dir, tiny_encoder, fingerprint, schemas):
     publish(tmp_path / "checkpoints", 1, fingerprint)
-    async with serve_in_process(serve_settings(tmp_path, tiny_model_dir), tiny_encoder) as (client, _):
+    async with serve_in_process(serve_settings(tmp_path, tiny_qwen3_dir), tiny_encoder) as (client, _):
         for asked, echoed in ((None, "clm-latest"), ("", "clm-latest"), ("clm-latest", "clm-latest"), ("clm", "clm"),
                               ("clm-raw", "clm-raw")):
             body = {**UPSTREAM_REQUEST, **({} if asked is None else {"model": asked})}
@@ -50,9 +50,9 @@ async def test_model_names_default_alias_raw_and_unknown(tmp_path, tiny_model_di
         assert error["param"] == "model"
 
 
-async def test_clm_raw_is_100_times_the_cosine_of_the_raw_vectors(tmp_path, tiny_model_dir, tiny_encoder, fingerprint):
+async def test_clm_raw_is_100_times_the_cosine_of_the_raw_vectors(tmp_path, tiny_qwen3_dir, tiny_encoder, fingerprint):
     publish(tmp_path / "checkpoints", 1, fingerprint)
-    settings = serve_settings(tmp_path, tiny_model_dir, embedding_round_to="float32")
+    settings = serve_settings(tmp_path, tiny_qwen3_dir, embedding_round_to="float32")
     async with serve_in_process(settings, tiny_encoder) as (client, _):
         for temperature in (1.0, 2.5):
             body = {**UPSTREAM_REQUEST, "model": "clm-raw", "temperature": temperature}
@@ -65,10 +65,10 @@ async def test_clm_raw_is_100_times_the_cosine_of_the_raw_vectors(tmp_path, tiny
                 assert _probs(answers[qid]) == pytest.approx(expected, abs=1e-4), qid
 
 
-async def test_temperature_divides_the_logits_and_bad_values_get_400(tmp_path, tiny_model_dir, tiny_encoder,
+async def test_temperature_divides_the_logits_and_bad_values_get_400(tmp_path, tiny_qwen3_dir, tiny_encoder,
                                                                      fingerprint, schemas):
     publish(tmp_path / "checkpoints", 1, fingerprint)
-    async with serve_in_process(serve_settings(tmp_path, tiny_model_dir), tiny_encoder) as (client, _):
+    async with serve_in_process(serve_settings(tmp_path, tiny_qwen3_dir), tiny_encoder) as (client, _):
         base = (await client.post("/v1/systemone", json=UPSTREAM_REQUEST)).json()["answers"]
         same = (await client.post("/v1/systemone", json={**UPSTREAM_REQUEST, "temperature": None})).json()["answers"]
         assert same == base
@@ -95,10 +95,10 @@ async def test_temperature_divides_the_logits_and_bad_values_get_400(tmp_path, t
         assert_vllm_error(response, 400, schemas, "temperature must be in (0, 100]")
 
 
-async def test_rank_is_upstreams_choice_over_the_answers(tmp_path, tiny_model_dir, tiny_encoder, fingerprint, schemas):
+async def test_rank_is_upstreams_choice_over_the_answers(tmp_path, tiny_qwen3_dir, tiny_encoder, fingerprint, schemas):
     publish(tmp_path / "checkpoints", 1, fingerprint)
     answers = ["reset the password", "ignore it", "call the user", "ignore it"]
-    async with serve_in_process(serve_settings(tmp_path, tiny_model_dir), tiny_encoder) as (client, _):
+    async with serve_in_process(serve_settings(tmp_path, tiny_qwen3_dir), tiny_encoder) as (client, _):
         for model in (None, "clm-raw"):
             for temperature in (1.0, 0.5):
                 body = {"context": {"alert": "impossible travel"}, "question": "What now?", "answers": answers,
@@ -131,8 +131,8 @@ async def test_rank_is_upstreams_choice_over_the_answers(tmp_path, tiny_model_di
             assert message in response.json()["detail"]
 
 
-async def test_models_health_usage_and_error_detail(tmp_path, tiny_model_dir, tiny_encoder, fingerprint, schemas):
-    settings = serve_settings(tmp_path, tiny_model_dir)
+async def test_models_health_usage_and_error_detail(tmp_path, tiny_qwen3_dir, tiny_encoder, fingerprint, schemas):
+    settings = serve_settings(tmp_path, tiny_qwen3_dir)
     async with serve_in_process(settings, tiny_encoder, wait_ready=False) as (client, _):
         health = await client.get("/health")
         assert health.status_code == 503 and health.json()["ok"] is False  # upstream's client: health() is False
@@ -178,7 +178,7 @@ def jsonschema_validate(body: dict, schemas: dict) -> None:
     jsonschema.validate(body, schemas["error_response"])
 
 
-async def test_what_vllm_refuses_and_upstream_answers(tmp_path, tiny_model_dir, tiny_encoder, fingerprint):
+async def test_what_vllm_refuses_and_upstream_answers(tmp_path, tiny_qwen3_dir, tiny_encoder, fingerprint):
     publish(tmp_path / "checkpoints", 1, fingerprint)
     questions = {
         "": {"type": "noul", "instructions": "Escalate?"},  # an empty question id
@@ -191,7 +191,7 @@ async def test_what_vllm_refuses_and_upstream_answers(tmp_path, tiny_model_dir, 
         "wide": {"type": "choice", "criteria": {f"o{i}": f"option {i}" for i in range(200)}},
     }
     many = {f"q{i}": {"type": "noul", "instructions": f"Is it {i}?"} for i in range(100)}  # more than vLLM's 64
-    async with serve_in_process(serve_settings(tmp_path, tiny_model_dir), tiny_encoder) as (client, _):
+    async with serve_in_process(serve_settings(tmp_path, tiny_qwen3_dir), tiny_encoder) as (client, _):
         response = await client.post("/v1/systemone", json={"state": [1, {"a": "b"}], "questions": questions})
         assert response.status_code == 200, response.text
         body = response.json()
@@ -204,9 +204,9 @@ async def test_what_vllm_refuses_and_upstream_answers(tmp_path, tiny_model_dir, 
         assert response.status_code == 200 and len(response.json()["answers"]) == 100
 
 
-async def test_api_keys_guard_v1_only(tmp_path, tiny_model_dir, tiny_encoder, fingerprint, monkeypatch):
+async def test_api_keys_guard_v1_only(tmp_path, tiny_qwen3_dir, tiny_encoder, fingerprint, monkeypatch):
     publish(tmp_path / "checkpoints", 1, fingerprint)
-    settings = serve_settings(tmp_path, tiny_model_dir, api_key=SecretStr("k-one, k-two"),
+    settings = serve_settings(tmp_path, tiny_qwen3_dir, api_key=SecretStr("k-one, k-two"),
                               admin_token=SecretStr("admin"))
     async with serve_in_process(settings, tiny_encoder, wait_ready=False) as (client, _):
         for path in ("/v1/models", "/v1/heads"):

@@ -25,8 +25,6 @@ import httpx
 from clm_devtools.devstack import start_embedder
 from clm_devtools.procs import ManagedProcess, free_port, start_redis, wait_http, wait_until
 
-from clm_devtools.paths import REPO_ROOT
-
 from support.trainer import (
     TOKEN,
     TrainerStack,
@@ -167,7 +165,7 @@ def job_config(*, name: str, epochs: int, data_prefix: str = "", seed: int = 0) 
 
 def write_split_data(data_dir: Path, prefix: str, seed: int, sizes: dict[str, int] | None = None) -> None:
     """Synthetic SOC-triage splits as ``data/<prefix><split>.jsonl`` (distinct texts per seed)."""
-    from clm.synthetic import write_soc_triage_splits
+    from clm_devtools.synthetic import write_soc_triage_splits
 
     sizes = sizes or {"train": 48, "validation": 24, "test": 24}
     tmp = data_dir / f".{prefix}gen"

@@ -16,7 +16,7 @@ from clm.encoders.model_identity import fingerprint_for_model_dir
 from clm.heads import CLMHeadPair, HeadConfig
 from clm_devtools.devstack import Service, start_serve
 from clm_devtools.procs import wait_http
-from clm_serve.app import create_app
+from clm_serve.http.app import create_app
 from clm_serve.settings import ServeSettings
 
 DATA = Path(__file__).resolve().parents[1] / "serve" / "data"  # vLLM's exported schemas and answers
@@ -47,20 +47,20 @@ def publish(root: Path, seed: int, fingerprint: EncoderFingerprint, **kwargs):
                               metrics={"seed": seed, "accuracy": 0.5 + seed / 100})
 
 
-def tiny_fingerprint(tiny_model_dir: Path) -> EncoderFingerprint:
+def tiny_fingerprint(tiny_qwen3_dir: Path) -> EncoderFingerprint:
     """The fingerprint clm-serve computes for the tiny Qwen3 with the tests' settings (last, L2, fp32)."""
-    return fingerprint_for_model_dir(tiny_model_dir, pooling="last", normalize=True, dtype="float32",
-                                     max_tokens=MAX_TOKENS, model_name=tiny_model_dir.name)
+    return fingerprint_for_model_dir(tiny_qwen3_dir, pooling="last", normalize=True, dtype="float32",
+                                     max_tokens=MAX_TOKENS, model_name=tiny_qwen3_dir.name)
 
 
-def start_serve_with_heads(log_dir: Path, checkpoint_root: Path, tiny_model_dir: Path,
+def start_serve_with_heads(log_dir: Path, checkpoint_root: Path, tiny_qwen3_dir: Path,
                            extra_env: dict[str, str] | None = None) -> tuple[Service, EncoderFingerprint]:
     """A real clm-serve process encoding with the tiny Qwen3 in process, serving heads v0001 published
     for that encoder: returned once they are loaded (``/health`` 200), with their fingerprint."""
-    fingerprint = tiny_fingerprint(tiny_model_dir)
+    fingerprint = tiny_fingerprint(tiny_qwen3_dir)
     publish(checkpoint_root, 1, fingerprint)
     service = start_serve(log_dir, checkpoint_root=checkpoint_root, heads_name=HEADS_NAME,
-                          extra_env={"CLM_SERVE_ENCODER_MODEL": str(tiny_model_dir),
+                          extra_env={"CLM_SERVE_ENCODER_MODEL": str(tiny_qwen3_dir),
                                      "CLM_SERVE_ENCODER_MAX_TOKENS": str(MAX_TOKENS), **(extra_env or {})})
     try:
         wait_http(service.process, f"{service.url}/health", timeout=120)
@@ -70,9 +70,9 @@ def start_serve_with_heads(log_dir: Path, checkpoint_root: Path, tiny_model_dir:
     return service, fingerprint
 
 
-def serve_settings(tmp_path: Path, tiny_model_dir: Path, **overrides) -> ServeSettings:
+def serve_settings(tmp_path: Path, tiny_qwen3_dir: Path, **overrides) -> ServeSettings:
     values = dict(
-        encoder_model=str(tiny_model_dir), checkpoint_root=tmp_path / "checkpoints", heads_name=HEADS_NAME,
+        encoder_model=str(tiny_qwen3_dir), checkpoint_root=tmp_path / "checkpoints", heads_name=HEADS_NAME,
         poll_interval_s=0.2, batch_window_ms=1.0, encoder_max_tokens=MAX_TOKENS,
     )
     values.update(overrides)

@@ -77,6 +77,16 @@ def test_secrets_in_the_config_are_refused(client):
     assert "embedder-secret" not in response.text
 
 
+def test_a_client_chosen_mlflow_endpoint_is_refused_and_nothing_is_stored(client):
+    """tracking.mlflow_tracking_uri would make the service write where the client says: 400, naming the key."""
+    before = client.get("/jobs").json()
+    config = recipe_config()
+    config["tracking"] = {"mlflow_tracking_uri": "http://mlflow.elsewhere:5000"}
+    response = submit(client, config)
+    assert response.status_code == 400 and response.json()["error"]["param"] == "tracking.mlflow_tracking_uri"
+    assert client.get("/jobs").json() == before
+
+
 @pytest.mark.parametrize("key", ["train.lrr", "trian", "encoder.pooling"])
 def test_bad_config_keys_are_named(client, key):
     config = recipe_config()

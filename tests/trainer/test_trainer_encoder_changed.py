@@ -13,7 +13,6 @@ import httpx
 import pytest
 
 from clm.encoders.base import EncoderChanged
-from clm.encoders.tiny_qwen3 import TinyQwen3Spec, build_tiny_qwen3
 from clm.recipes.config import EncoderConfig
 from clm.encoders.retrying import RetryingEncoder
 from clm.retry import RetryPolicy
@@ -30,11 +29,9 @@ from support.trainer import (
     write_data,
 )
 
-from clm_devtools.paths import REPO_ROOT
 
-
-def test_embedder_swapped_mid_job_fails_with_encoder_changed(tmp_path, tiny_qwen3_dir):
-    other = build_tiny_qwen3(REPO_ROOT / "var" / "models" / "tiny-qwen3-seed1", TinyQwen3Spec(seed=1))
+def test_embedder_swapped_mid_job_fails_with_encoder_changed(tmp_path, tiny_qwen3_dir, other_tiny_qwen3_dir):
+    other = other_tiny_qwen3_dir
     embedder = Embedder(tmp_path, tmp_path / "cache", model=tiny_qwen3_dir)
     try:
         embedder.start()
@@ -64,10 +61,10 @@ def test_embedder_swapped_mid_job_fails_with_encoder_changed(tmp_path, tiny_qwen
 
 
 def test_a_job_whose_embedder_changes_model_fails_with_encoder_changed_and_writes_no_table(
-        stack_root, redis_url, tiny_qwen3_dir, tmp_path):
+        stack_root, redis_url, tiny_qwen3_dir, other_tiny_qwen3_dir, tmp_path):
     """The whole path: API, worker, recipe. The job embeds through a gate that holds its embedding requests,
     so it is mid-embedding (asked, no answer yet) when the embedder comes back with another model."""
-    other = build_tiny_qwen3(REPO_ROOT / "var" / "models" / "tiny-qwen3-seed1", TinyQwen3Spec(seed=1))
+    other = other_tiny_qwen3_dir
     write_data(stack_root / "data", train=30, validation=15, test=10, prefix="swap-", skip=100)
     embedder = Embedder(stack_root / "logs", tmp_path / "embedder-cache", model=tiny_qwen3_dir)
     gate = EmbedderGate(embedder.url)

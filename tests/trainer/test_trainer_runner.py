@@ -9,6 +9,7 @@ from clm_trainer.job_config import prepare_config
 from clm_trainer.runner import JOB_ID_METRIC, JobCancelled, run_job
 from clm_trainer.settings import TrainerSettings
 
+from support.observers import RecordingObserver
 from support.trainer import recipe_config, write_data
 
 
@@ -31,21 +32,21 @@ def test_a_retry_after_publishing_reuses_the_published_version(setup):
     job_id = "job-000000000000000000000001"
     config = prepare_config(recipe_config(setup.model_root / "tiny-qwen3", epochs=3, name="once"), settings, job_id)
     work_dir = settings.work_root / job_id
-    seen: list[dict] = []
-    first = run_job(config, job_id=job_id, work_dir=work_dir, progress=seen.append, should_cancel=lambda: False)
-    phases = {item["phase"] for item in seen if item["type"] == "progress"}
-    assert phases == {"embedding", "training", "evaluating", "publishing"}
-    assert [item["epoch"] for item in seen if item["type"] == "epoch"] == [1, 2, 3]
+    seen = RecordingObserver()
+    first = run_job(config, job_id=job_id, work_dir=work_dir, observer=seen, should_cancel=lambda: False)
+    assert {event.phase for event in seen.events} == {"embedding", "training", "evaluating", "publishing"}
+    assert [report.epoch for report in seen.epochs] == [1, 2, 3] and seen.resumed == []
     # Phase timings ride in the job events (issue 13): every epoch's seconds and questions/s, the embed phase's rate.
-    assert all(item["seconds"] > 0 and item["questions_per_s"] > 0 for item in seen if item["type"] == "epoch")
-    assert "texts_per_s" in [item for item in seen if item.get("phase") == "embedding"][-1]["counters"]
+    assert all(report.seconds > 0 and report.questions_per_s > 0 for report in seen.epochs)
+    assert "texts_per_s" in [event for event in seen.events if event.phase == "embedding"][-1].counters
+    assert first["resumed_from_epoch"] is None
     assert first["timings"]["embedding"]["texts_requested"] == first["texts_total"]
 
     # A worker that crashed after publishing but before marking the job finished: the next attempt
     # resumes after the last epoch, finds the job's version and publishes nothing new.
-    again: list[dict] = []
-    second = run_job(config, job_id=job_id, work_dir=work_dir, progress=again.append, should_cancel=lambda: False)
-    assert again[0] == {"type": "resumed", "from_epoch": 3, "epochs": 3, "message": again[0]["message"]}
+    again = RecordingObserver()
+    second = run_job(config, job_id=job_id, work_dir=work_dir, observer=again, should_cancel=lambda: False)
+    assert again.resumed == [(3, 3)] and again.epochs == [] and second["resumed_from_epoch"] == 3
     assert second["checkpoint"] == first["checkpoint"] and second["texts_embedded"] == 0
     versions = list_versions(settings.checkpoint_root.resolve(), "once")
     assert [v.label for v in versions] == ["v0001"]
@@ -59,14 +60,13 @@ def test_should_cancel_stops_the_run_before_anything_is_published(setup):
     job_id = "job-000000000000000000000002"
     config = prepare_config(recipe_config(setup.model_root / "tiny-qwen3", epochs=50, name="stopped"), settings,
                             job_id)
-    steps = []
+    seen = RecordingObserver()
 
-    def progress(item: dict) -> None:
-        if item["type"] == "progress" and item["phase"] == "training":
-            steps.append(item["done"])
+    def steps() -> list[int]:
+        return [event.done for event in seen.events if event.phase == "training"]
 
     with pytest.raises(JobCancelled):
-        run_job(config, job_id=job_id, work_dir=settings.work_root / job_id, progress=progress,
-                should_cancel=lambda: len(steps) >= 12)
-    assert len(steps) == 12  # stopped at the very next step
+        run_job(config, job_id=job_id, work_dir=settings.work_root / job_id, observer=seen,
+                should_cancel=lambda: len(steps()) >= 12)
+    assert len(steps()) == 12  # stopped at the very next step
     assert list_versions(settings.checkpoint_root.resolve(), "stopped") == []

@@ -25,7 +25,7 @@ from clm.recipes.config import build_config
 from clm.records import load_records, parse_record
 from clm.report.assembly import RunFacts, write_run_report
 from clm.recipes.train_clm_heads import TrainCLMHeadsRecipe
-from clm.synthetic import write_soc_triage_splits
+from clm_devtools.synthetic import write_soc_triage_splits
 from support.trainer import local_recipe_config
 
 DIM = 8

@@ -9,7 +9,7 @@ import pytest
 from clm.cli import main as clm_main
 from clm.recipes.config import build_config
 from clm.recipes.train_clm_heads import TrainCLMHeadsRecipe
-from clm.synthetic import write_soc_triage_splits
+from clm_devtools.synthetic import write_soc_triage_splits
 from support.trainer import local_recipe_config
 
 

@@ -16,8 +16,11 @@ from clm.encoders.base import EncoderError
 from clm.encoders.minilm import MINILM_DIM, MINILM_NAME, minilm_model_dir
 from clm.encoders.model_identity import fingerprint_for_model_dir
 from clm.encoders.spec import EmbedderUnreachable, EncoderSpec, NotAModelFolder, TooManyTokens, resolve_model_dir
+from clm.recipes import config as recipe_config
 from clm.recipes.config import EncoderConfig
+from clm_embedder import settings as embedder_settings
 from clm_embedder.settings import EmbedderSettings
+from clm_serve import settings as serve_settings
 from clm_serve.settings import ServeSettings
 
 
@@ -44,8 +47,18 @@ def test_serve_settings_map_onto_a_local_spec_or_the_embedder():
     spec = remote.encoder_spec()
     assert (spec.backend, spec.url, spec.timeout_s, spec.max_concurrency) == ("embedder", "http://embedder:8001",
                                                                               3.0, 5)
-    # embedder_retries counts attempts; the spec counts retries after the first; vectors travel as they are rounded
-    assert (spec.retries, spec.wire_dtype) == (0, "float32")
+    # embedder_retries counts retries after the first attempt, as the spec (and the embedder's vllm_retries) do;
+    # vectors travel as they are rounded
+    assert (spec.retries, spec.wire_dtype) == (1, "float32")
+
+
+@pytest.mark.parametrize(("settings_class", "table"), [
+    (EmbedderSettings, embedder_settings.ENCODER_SETTINGS), (ServeSettings, serve_settings.ENCODER_SETTINGS),
+    (EncoderConfig, recipe_config.ENCODER_SETTINGS)], ids=["embedder", "clm-serve", "recipe"])
+def test_each_settings_table_names_real_spec_fields_and_real_settings(settings_class, table):
+    """The one mapping (spec_from_settings) reads these tables: a renamed field on either side fails here."""
+    assert set(table) <= set(EncoderSpec.model_fields), set(table) - set(EncoderSpec.model_fields)
+    assert set(table.values()) <= set(settings_class.model_fields), set(table.values()) - set(settings_class.model_fields)
 
 
 def test_the_recipe_encoder_section_maps_onto_the_spec_and_a_rank_device_wins():

@@ -22,12 +22,12 @@ from clm.encoders.base import EncoderChanged, EncoderError, EncoderInputError
 from clm.errors import KIND_OUTCOMES, ErrorKind, KindedError, error_kind, exit_code
 from clm.evaluation.bootstrap import BootstrapInputError
 from clm.recipes.config import ConfigError
-from clm.recipes.embedding import EmbeddingCacheError
+from clm.recipes.embedding_cache import EmbeddingCacheError
 from clm.recipes.errors import PublishError, RankFailedError
 from clm.recipes.loop import ResumeError
 from clm.records import RecordError
 from clm.records.errors import RecordProblem
-from clm.synthetic import write_soc_triage_splits
+from clm_devtools.synthetic import write_soc_triage_splits
 from clm_embedder.admission import Saturated
 from clm_http.errors import kinded_error_response
 from clm_trainer.job_config import JobConfigError

@@ -17,10 +17,8 @@ from clm.encoders.minilm import MINILM_DIM, MINILM_NAME, minilm_model_dir
 from clm.encoders.model_identity import model_content_hash
 from clm.encoders.pooling import last_token_positions
 from clm.encoders.spec import EncoderSpec
-from clm.encoders.tiny_qwen3 import build_tiny_qwen3
 from clm.texts import TEMPLATE_VERSION
 
-from clm_devtools.paths import REPO_ROOT
 
 # Mixed lengths on purpose: batching must not let a text's vector depend on its batch mates.
 TEXTS = [
@@ -35,13 +33,8 @@ TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def qwen_dir() -> Path:
-    return build_tiny_qwen3(REPO_ROOT / "var" / "models" / "tiny-qwen3")
-
-
-@pytest.fixture(scope="module")
-def qwen(qwen_dir) -> LocalEncoder:
-    return LocalEncoder(qwen_dir, pooling="last", max_tokens=512, device="cpu")
+def qwen(tiny_qwen3_dir) -> LocalEncoder:
+    return LocalEncoder(tiny_qwen3_dir, pooling="last", max_tokens=512, device="cpu")
 
 
 @pytest.fixture(scope="module")
@@ -63,9 +56,9 @@ def manual_vectors(model_dir: Path, texts: list[str], pooling: str, max_tokens: 
     return np.stack(rows)
 
 
-def test_last_token_pooling_matches_a_manual_forward(qwen, qwen_dir):
+def test_last_token_pooling_matches_a_manual_forward(qwen, tiny_qwen3_dir):
     result = asyncio.run(qwen.encode(TEXTS))
-    expected = manual_vectors(qwen_dir, TEXTS, "last", 512)
+    expected = manual_vectors(tiny_qwen3_dir, TEXTS, "last", 512)
     np.testing.assert_allclose(result.vectors, expected, atol=2e-5)
     assert result.vectors.dtype == np.float32
     np.testing.assert_allclose(np.linalg.norm(result.vectors, axis=1), 1.0, atol=1e-5)
@@ -81,26 +74,26 @@ def test_mean_pooling_of_minilm_from_the_wheel(minilm):
     assert cat @ kitten > cat @ revenue + 0.2  # a real sentence encoder, not random weights
 
 
-def test_token_budget_batches_give_the_vectors_of_one_by_one_encoding(qwen_dir):
-    tiny_batches = LocalEncoder(qwen_dir, pooling="last", device="cpu", token_budget=64, max_batch_texts=2)
+def test_token_budget_batches_give_the_vectors_of_one_by_one_encoding(tiny_qwen3_dir):
+    tiny_batches = LocalEncoder(tiny_qwen3_dir, pooling="last", device="cpu", token_budget=64, max_batch_texts=2)
     batched = tiny_batches.encode_blocking(TEXTS * 3)
     one_by_one = np.stack([tiny_batches.encode_blocking([text]).vectors[0] for text in TEXTS * 3])
     np.testing.assert_allclose(batched.vectors, one_by_one, atol=2e-5)
 
 
-def test_prompt_tokens_and_truncation_keep_the_end_of_text_token(qwen, qwen_dir):
+def test_prompt_tokens_and_truncation_keep_the_end_of_text_token(qwen, tiny_qwen3_dir):
     long_text = "the firewall blocked a connection " * 200
     result = qwen.encode_blocking([long_text, "yes"])
-    tokenizer = AutoTokenizer.from_pretrained(qwen_dir, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_qwen3_dir, local_files_only=True)
     assert result.prompt_tokens == 512 + len(tokenizer("yes")["input_ids"])
-    truncated = manual_vectors(qwen_dir, [long_text], "last", 512)[0]
+    truncated = manual_vectors(tiny_qwen3_dir, [long_text], "last", 512)[0]
     np.testing.assert_allclose(result.vectors[0], truncated, atol=2e-5)
 
 
-def test_cls_pooling_reads_the_first_token(qwen_dir):
-    cls = LocalEncoder(qwen_dir, pooling="cls", device="cpu", normalize=False)
-    tokenizer = AutoTokenizer.from_pretrained(qwen_dir, local_files_only=True)
-    model = AutoModel.from_pretrained(qwen_dir, local_files_only=True).eval()
+def test_cls_pooling_reads_the_first_token(tiny_qwen3_dir):
+    cls = LocalEncoder(tiny_qwen3_dir, pooling="cls", device="cpu", normalize=False)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_qwen3_dir, local_files_only=True)
+    model = AutoModel.from_pretrained(tiny_qwen3_dir, local_files_only=True).eval()
     with torch.inference_mode():
         first = model(**tokenizer(["hello there"], return_tensors="pt")).last_hidden_state[0, 0].numpy()
     np.testing.assert_allclose(cls.encode_blocking(["hello there", TEXTS[3]]).vectors[0], first, atol=2e-5)
@@ -113,8 +106,8 @@ def test_last_token_positions_handle_either_padding_side():
     assert last_token_positions(left).tolist() == [3, 3, 3]
 
 
-def test_empty_input_and_closed_encoder(qwen_dir):
-    encoder = LocalEncoder(qwen_dir, pooling="last", device="cpu")
+def test_empty_input_and_closed_encoder(tiny_qwen3_dir):
+    encoder = LocalEncoder(tiny_qwen3_dir, pooling="last", device="cpu")
     empty = asyncio.run(encoder.encode([]))
     assert empty.vectors.shape == (0, encoder.dim) and empty.prompt_tokens == 0
 
@@ -128,24 +121,24 @@ def test_empty_input_and_closed_encoder(qwen_dir):
         asyncio.run(close_then_encode())
 
 
-def test_fingerprint_names_content_and_equals_the_vllm_clients(qwen, qwen_dir):
+def test_fingerprint_names_content_and_equals_the_vllm_clients(qwen, tiny_qwen3_dir):
     fingerprint = qwen.fingerprint
-    assert fingerprint.weights == model_content_hash(qwen_dir)
+    assert fingerprint.weights == model_content_hash(tiny_qwen3_dir)
     assert (fingerprint.pooling, fingerprint.normalize, fingerprint.dtype) == ("last", True, "float32")
     assert (fingerprint.max_tokens, fingerprint.template_version) == (512, TEMPLATE_VERSION)
-    client = EncoderSpec(backend="vllm", model=str(qwen_dir), pooling="last", max_tokens=512,
+    client = EncoderSpec(backend="vllm", model=str(tiny_qwen3_dir), pooling="last", max_tokens=512,
                          url="http://127.0.0.1:9").build()
     assert client.fingerprint == fingerprint and client.dim == qwen.dim
     asyncio.run(client.aclose())
-    other_template = LocalEncoder(qwen_dir, pooling="last", device="cpu", template_version="other-v9")
+    other_template = LocalEncoder(tiny_qwen3_dir, pooling="last", device="cpu", template_version="other-v9")
     assert other_template.fingerprint.digest != fingerprint.digest
 
 
-def test_the_spec_resolves_aliases_folders_and_auto_pooling(qwen_dir):
+def test_the_spec_resolves_aliases_folders_and_auto_pooling(tiny_qwen3_dir):
     minilm = EncoderSpec(backend="local", model="minilm", pooling="auto", max_tokens=256, device="cpu").build()
     assert (minilm.fingerprint.pooling, minilm.fingerprint.model, minilm.dim) == ("mean", MINILM_NAME, MINILM_DIM)
-    qwen_local = EncoderSpec(backend="local", model=str(qwen_dir), max_tokens=512, device="cpu").build()
-    qwen_remote = EncoderSpec(backend="vllm", model=str(qwen_dir), max_tokens=512, url="http://127.0.0.1:9").build()
+    qwen_local = EncoderSpec(backend="local", model=str(tiny_qwen3_dir), max_tokens=512, device="cpu").build()
+    qwen_remote = EncoderSpec(backend="vllm", model=str(tiny_qwen3_dir), max_tokens=512, url="http://127.0.0.1:9").build()
     assert qwen_local.fingerprint.pooling == "last"
     assert qwen_remote.fingerprint == qwen_local.fingerprint and qwen_remote.dim == qwen_local.dim
     asyncio.run(qwen_remote.aclose())

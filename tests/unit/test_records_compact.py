@@ -16,7 +16,7 @@ from clm.embedding_table import EmbeddingTable
 from clm.encoded import EncodedSplit, collect_clm_texts, encode_records
 from clm.records import RecordError, iter_records, load_records
 from clm.records.compact import CompactRecords, TextIds, compact_records, load_compact
-from clm.synthetic import generate_soc_triage, write_jsonl
+from clm_devtools.synthetic import generate_soc_triage, write_jsonl
 
 
 def outcome(loader, path: Path):
@@ -62,7 +62,7 @@ def fast_and_strict(path: Path) -> tuple:
 
 
 def compact_json(line: str | dict) -> str:
-    """A line as clm.synthetic writes records (the spelling the fast reader vouches for)."""
+    """A line as clm_devtools.synthetic writes records (the spelling the fast reader vouches for)."""
     if isinstance(line, dict):
         return json.dumps(line, ensure_ascii=False, separators=(",", ":"))
     return line.replace(", ", ",").replace(": ", ":")
@@ -88,7 +88,7 @@ def test_compact_records_hold_the_loaders_supervision_and_texts(generated, tmp_p
 def test_the_fast_reader_vouches_for_compact_lines_and_keeps_the_strict_readers_arrays(generated, tmp_path):
     fast, strict, strict_lines = fast_and_strict(generated)
     assert fast[0] == "ok" and fast == strict
-    assert strict_lines == 0  # every line of clm.synthetic's spelling was read fast
+    assert strict_lines == 0  # every line of clm_devtools.synthetic's spelling was read fast
     spaced = write_lines(tmp_path, [json.loads(line) for line in generated.read_text().splitlines()], name="spaced.jsonl")
     fast, strict, strict_lines = fast_and_strict(spaced)
     assert fast == strict and strict_lines == 300  # json.dumps' default spelling: valid, read by the strict reader
@@ -217,7 +217,7 @@ def record_lines(draw) -> list[str]:
                 if value is None and field in ("instructions",):
                     continue
                 data[field] = value
-        # Mostly clm.synthetic's spelling, which the fast reader vouches for; spaced ones take the strict reader.
+        # Mostly clm_devtools.synthetic's spelling, which the fast reader vouches for; spaced ones take the strict reader.
         separators = draw(st.sampled_from([(",", ":"), (",", ":"), (", ", ": "), (",", " :")]))
         text = json.dumps(data, separators=separators, ensure_ascii=draw(st.booleans()))
         if draw(st.integers(0, 4)) == 0:  # a strict-JSON problem now and then

@@ -10,14 +10,14 @@ from collections import Counter
 import pytest
 
 from clm.records import CHOICE_TYPE, IGNORE_INDEX, NOUL_TYPE, SCORE_TYPE, load_records, parse_record
-from clm.synthetic import (
+from clm_devtools.synthetic import (
     Alert,
     clean_answers,
     generate_soc_triage,
     generate_soc_triage_samples,
     write_soc_triage_splits,
 )
-from clm.synthetic_families import FAMILIES, held_out_question_ids
+from clm_devtools.synthetic_families import FAMILIES, held_out_question_ids
 from clm.texts import option_texts
 
 FAMILY_OF = {variant.question_id: family for family in FAMILIES for variant in family.variants}
@@ -41,7 +41,7 @@ def test_same_seed_same_records_other_seed_other_records():
 
 def test_records_are_identical_across_processes():
     """Seeding must not depend on PYTHONHASHSEED (str hashing is randomised per process)."""
-    script = "import json; from clm.synthetic import generate_soc_triage; print(json.dumps(generate_soc_triage(20, 'x')))"
+    script = "import json; from clm_devtools.synthetic import generate_soc_triage; print(json.dumps(generate_soc_triage(20, 'x')))"
     outputs = {
         subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
                        env={"PYTHONHASHSEED": str(hash_seed), "PYTHONPATH": str(ROOT / "shared")}).stdout

@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModel, AutoTokenizer
 
-from clm.encoders.tiny_qwen3 import BUILD_MANIFEST, END_OF_TEXT, TinyQwen3Spec, build_tiny_qwen3, is_complete_build
+from clm_devtools.tiny_qwen3 import BUILD_MANIFEST, END_OF_TEXT, TinyQwen3Spec, build_tiny_qwen3, is_complete_build
 
 
 def file_digests(folder: Path) -> dict[str, str]:
@@ -26,7 +26,7 @@ def built(tmp_path_factory) -> Path:
 def test_same_spec_gives_identical_files_across_processes(built, tmp_path):
     # A separate interpreter: Rust hash maps in the BPE trainer are seeded per process.
     other = tmp_path / "again"
-    subprocess.run([sys.executable, "-m", "clm.encoders.tiny_qwen3", "--out", str(other)], check=True,
+    subprocess.run([sys.executable, "-m", "clm_devtools.tiny_qwen3", "--out", str(other)], check=True,
                    capture_output=True)
     assert file_digests(other) == file_digests(built)
 

@@ -27,7 +27,7 @@ import httpx
 import pytest
 
 from clm.records import load_records
-from clm.synthetic import write_soc_triage_splits
+from clm_devtools.synthetic import write_soc_triage_splits
 from support.faults import Embedder, Serve
 from support.trainer import local_recipe_config
 from support.upstream import UpstreamServe, run_upstream_python, write_upstream_checkpoint

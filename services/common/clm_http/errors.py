@@ -134,7 +134,7 @@ def install_error_handlers(app: FastAPI, validation_status: int = 422, retry_aft
 
     @app.exception_handler(KindedError)
     async def _kinded(request: Request, exc: KindedError) -> JSONResponse:
-        request.state.error_kind = exc.kind  # for the request-metrics middleware (clm_http.metrics)
+        request.state.error_kind = exc.kind  # for the request-metrics middleware (clm_http.prometheus)
         return kinded_error_response(exc, retry_after_s)
 
     @app.exception_handler(APIError)

@@ -14,9 +14,9 @@ from clm.encoders.base import EncoderInputError
 from clm_http.api_key import APIKeyMiddleware, api_keys_from
 from clm_http.errors import error_response, install_error_handlers
 from clm_http.limits import BodySizeLimitMiddleware
-from clm_http.metrics import RequestMetricsMiddleware
+from clm_http.prometheus import RequestMetricsMiddleware
 
-from .metrics import EmbedderMetrics
+from .prometheus import EmbedderMetrics
 from .routes import router
 from .tokenize_routes import router as tokenize_router
 from .settings import EmbedderSettings

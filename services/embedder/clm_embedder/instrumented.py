@@ -13,7 +13,7 @@ import time
 from clm.encoders.base import EncodeResult, EncoderBackend
 from clm.encoders.options import EncodeOptions
 
-from .metrics import EmbedderMetrics
+from .prometheus import EmbedderMetrics
 
 
 class InstrumentedBackend:

@@ -8,10 +8,20 @@ from typing import Literal
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import SettingsConfigDict
 
-from clm.encoders.spec import DEFAULT_ENCODER_MAX_TOKENS, DEFAULT_ENCODER_MODEL, DEFAULT_ENCODER_POOLING, EncoderSpec
+from clm.encoders.spec import (DEFAULT_ENCODER_MAX_TOKENS, DEFAULT_ENCODER_MODEL, DEFAULT_ENCODER_POOLING, EncoderSpec,
+                               spec_from_settings)
 from clm.redis_connect import parse_sentinel_url
 from clm_http.settings import ServiceSettings, body_limit_field, port_field
 
+
+# EncoderSpec field -> the setting holding it (clm.encoders.spec.spec_from_settings).
+ENCODER_SETTINGS = {
+    "backend": "backend", "model": "model", "pooling": "pooling", "normalize": "normalize", "dtype": "dtype",
+    "max_tokens": "max_tokens", "device": "device", "local_batch_tokens": "local_batch_tokens",
+    "weights_id": "weights_id", "url": "vllm_url", "served_model": "vllm_model", "remote_batch_texts": "vllm_batch_size",
+    "max_concurrency": "vllm_max_concurrency", "timeout_s": "vllm_timeout_s", "retries": "vllm_retries",
+    "api_key": "vllm_api_key",
+}
 
 class EmbedderSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="CLM_EMBEDDER_", extra="ignore")
@@ -62,13 +72,7 @@ class EmbedderSettings(ServiceSettings):
 
     def encoder_spec(self) -> EncoderSpec:
         """The encoder these settings describe (``clm.encoders.spec``: the one way encoders are built)."""
-        return EncoderSpec(
-            backend=self.backend, model=self.model, pooling=self.pooling, normalize=self.normalize, dtype=self.dtype,
-            max_tokens=self.max_tokens, device=self.device, local_batch_tokens=self.local_batch_tokens,
-            weights_id=self.weights_id, url=self.vllm_url, served_model=self.vllm_model,
-            remote_batch_texts=self.vllm_batch_size, max_concurrency=self.vllm_max_concurrency,
-            timeout_s=self.vllm_timeout_s, retries=self.vllm_retries, api_key=self.vllm_api_key.get_secret_value(),
-        )
+        return spec_from_settings(self, ENCODER_SETTINGS)
 
     @field_validator("redis_url")
     @classmethod

@@ -11,7 +11,7 @@ from clm.encoders.tokenizer import AnyTokenizer, TokenCountingEncoder, Tokenizer
 
 from .admission import AdmissionGate
 from .instrumented import InstrumentedBackend
-from .metrics import EmbedderMetrics
+from .prometheus import EmbedderMetrics
 from .settings import EmbedderSettings
 
 

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 
 from clm_http.settings import configure_logging, serve
 
-from clm_serve.app import create_app
 from clm_serve.cli import CommandLineError, parse_command_line, settings_from
+from clm_serve.http.app import create_app
 
 
 def main(argv: Sequence[str] | None = None) -> int:

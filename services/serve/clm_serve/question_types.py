@@ -55,7 +55,7 @@ from clm.texts import as_question, option_texts, to_text
 
 
 class StructuredDecisionError(ValueError):
-    """An invalid request. Returned as a 400 (vLLM's ``BadRequestError`` shape)."""
+    """An invalid request. Answered 400 (vLLM's ``BadRequestError`` shape) by ``clm_serve.http.errors``."""
 
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)

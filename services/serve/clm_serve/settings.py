@@ -9,9 +9,18 @@ from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from clm.checkpoint.compat import REFERENCE_ENCODER_MODEL, REFERENCE_ENCODER_WIDTH, AssumedEncoder
-from clm.encoders.spec import DEFAULT_ENCODER_MAX_TOKENS, DEFAULT_ENCODER_MODEL, DEFAULT_ENCODER_POOLING, EncoderSpec
+from clm.encoders.spec import (DEFAULT_ENCODER_MAX_TOKENS, DEFAULT_ENCODER_MODEL, DEFAULT_ENCODER_POOLING, EncoderSpec,
+                               spec_from_settings)
 from clm_http.settings import ServiceSettings, body_limit_field, port_field
 
+
+# EncoderSpec field -> the setting holding it (clm.encoders.spec.spec_from_settings).
+ENCODER_SETTINGS = {
+    "model": "encoder_model", "pooling": "encoder_pooling", "dtype": "encoder_dtype",
+    "max_tokens": "encoder_max_tokens", "device": "encoder_device", "url": "embedder_url",
+    "max_concurrency": "embedder_concurrency", "timeout_s": "embedder_timeout_s", "retries": "embedder_retries",
+    "wire_dtype": "embedding_round_to", "api_key": "embedder_api_key",
+}
 
 class ServeSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="CLM_SERVE_", extra="ignore", populate_by_name=True)
@@ -73,7 +82,7 @@ class ServeSettings(ServiceSettings):
 
     embedder_timeout_s: float = Field(30.0, gt=0, description="Timeout of one request to the embedder.")
     embedder_concurrency: int = Field(8, ge=1, description="Requests to the embedder in flight at once.")
-    embedder_retries: int = Field(3, ge=1, description="Attempts per embedder request (connection errors and 5xx).")
+    embedder_retries: int = Field(2, ge=0, description="Retries of an embedder request after its first attempt (connection errors and 5xx), counted as CLM_EMBEDDER_VLLM_RETRIES counts them.")
     embedder_api_key: SecretStr = Field(
         SecretStr(""), validation_alias=AliasChoices("CLM_SERVE_EMBEDDER_API_KEY", "CLM_EMBEDDER_API_KEY"),
         description="Bearer token for an embedder started with an API key (also read from `CLM_EMBEDDER_API_KEY`, "
@@ -159,14 +168,8 @@ class ServeSettings(ServiceSettings):
         checked against it) and must name it on every answer; vectors travel as ``embedding_round_to``,
         since they are rounded to it before the heads anyway. Otherwise the model runs in this process.
         """
-        return EncoderSpec(
-            backend="embedder" if self.embedder_url else "local", model=self.encoder_model,
-            pooling=self.encoder_pooling, normalize=True, dtype=self.encoder_dtype,
-            max_tokens=self.encoder_max_tokens, device=self.encoder_device, url=self.embedder_url,
-            max_concurrency=self.embedder_concurrency, timeout_s=self.embedder_timeout_s,
-            retries=self.embedder_retries - 1, wire_dtype=self.embedding_round_to,
-            api_key=self.embedder_api_key.get_secret_value(),
-        )
+        return spec_from_settings(self, ENCODER_SETTINGS, backend="embedder" if self.embedder_url else "local",
+                                  normalize=True)
 
 
 def parse_named_paths(value: str) -> dict[str, Path]:

@@ -13,9 +13,9 @@ from fastapi.responses import JSONResponse
 import clm
 from clm_http.errors import APIError, error_response, install_error_handlers
 from clm_http.limits import BodySizeLimitMiddleware
-from clm_http.metrics import RequestMetricsMiddleware
+from clm_http.prometheus import RequestMetricsMiddleware
 
-from .metrics import TrainerMetrics
+from .prometheus import TrainerMetrics
 from .routes import router
 from .settings import TrainerSettings, redact_url
 from .store import JobStore

@@ -1,5 +1,12 @@
 """Turn a submitted recipe config into the effective config a worker runs, or refuse it naming the key.
 
+One validation, at submit: ``prepare_config`` checks the JSON, validates it
+into a ``RecipeConfig`` once and applies the rules below to that typed value;
+the API stores its JSON form. The worker loads the stored value
+(``load_job_config``: one parse) and re-applies only what can change after
+submit: the service-owned keys of its own settings and path confinement
+(a symlink swapped in, a data file removed).
+
 Why here and not in the recipe: the recipe trusts its caller's paths (it
 runs as the user who typed the command); the service runs configs sent over
 HTTP, so every path a job may read or write is confined to a configured root.
@@ -22,6 +29,10 @@ runs, so a symlink swapped in after submit is still caught):
   (none: no client-chosen network endpoints), ``output.report_dir``
   (``<work_root>/<job id>/report``) and ``encoder.embedder_url``
   (``CLM_TRAINER_EMBEDDER_URL``).
+* **No client-chosen tracking endpoint**: ``tracking.mlflow_tracking_uri`` is
+  refused (400): it is a network endpoint or, as ``file:``, a write path the
+  client would choose. TensorBoard event files are written beside the job's
+  report (``GET /jobs/<id>/report`` serves the report).
 * **Secrets never travel in a job**: the recipe config has no secret field
   (an unknown key such as ``encoder.api_token`` is refused by name), so job
   objects and events can be shown to anyone allowed to read them.
@@ -127,8 +138,8 @@ def _check_text(text: str, where: str) -> None:
                              key=key, status=422) from None
 
 
-def prepare_config(raw: Any, settings: TrainerSettings, job_id: str) -> dict[str, Any]:
-    """The effective, confined config of job ``job_id`` as plain JSON values (raises ``JobConfigError``)."""
+def prepare_config(raw: Any, settings: TrainerSettings, job_id: str) -> RecipeConfig:
+    """The effective, confined config of job ``job_id``, validated once (raises ``JobConfigError``)."""
     if not isinstance(raw, dict):
         raise JobConfigError("config must be a JSON object of recipe sections", key="config", status=422)
     _check_json(raw)
@@ -136,30 +147,53 @@ def prepare_config(raw: Any, settings: TrainerSettings, job_id: str) -> dict[str
     encoder = raw.get("encoder")
     if isinstance(encoder, dict) and encoder.get("backend") == "embedder":
         encoder["embedder_url"] = settings.embedder_url  # the validator needs it; the service chooses it
+    tracking = raw.get("tracking")
+    if isinstance(tracking, dict) and tracking.get("mlflow_tracking_uri") is not None:
+        raise JobConfigError("tracking.mlflow_tracking_uri: a job may not choose where the service writes (a "
+                             "network endpoint or a file: path); log to MLflow from `clm train` runs, or leave it "
+                             "null (TensorBoard event files are written beside the job's report)",
+                             key="tracking.mlflow_tracking_uri", status=400)
     output_section = raw.get("output")
     root_given = isinstance(output_section, dict) and output_section.get("checkpoint_root") is not None
     cfg = _validate(raw)
+    if not root_given:
+        cfg = _replace(cfg, output={"checkpoint_root": settings.checkpoint_root.resolve()})
+    return _effective(cfg, settings, job_id)
 
-    effective = cfg.to_json_dict()
+
+def load_job_config(stored: dict[str, Any], settings: TrainerSettings, job_id: str) -> RecipeConfig:
+    """A stored job's config, as the worker runs it: loaded once, service-owned keys and confinement re-applied
+    (the paths may have changed on disk since submit)."""
+    return _effective(_validate(stored), settings, job_id)
+
+
+def _effective(cfg: RecipeConfig, settings: TrainerSettings, job_id: str) -> RecipeConfig:
+    """``cfg`` with the service-owned keys set from ``settings`` and every path confined (resolved, absolute)."""
     data_root, checkpoint_root = settings.data_root, settings.checkpoint_root
+    data: dict[str, Path] = {}
     for split in ("train", "validation", "test"):
-        value = effective["data"][split]
+        value = getattr(cfg.data, split)
         if value is not None:
             path = confine(value, [data_root], f"data.{split}")
             if not path.is_file():
-                raise JobConfigError(f"data.{split}: {value!r} ({path}) is not a file", key=f"data.{split}",
+                raise JobConfigError(f"data.{split}: {str(value)!r} ({path}) is not a file", key=f"data.{split}",
                                      status=400)
-            effective["data"][split] = str(path)
-    if effective["heads"]["init_checkpoint"] is not None:
-        effective["heads"]["init_checkpoint"] = str(
-            confine(effective["heads"]["init_checkpoint"], [checkpoint_root, data_root], "heads.init_checkpoint"))
-    effective["output"]["checkpoint_root"] = str(
-        confine(effective["output"]["checkpoint_root"], [checkpoint_root], "output.checkpoint_root")
-        if root_given else checkpoint_root.resolve())
+            data[split] = path
+    heads = {} if cfg.heads.init_checkpoint is None else {"init_checkpoint": confine(
+        cfg.heads.init_checkpoint, [checkpoint_root, data_root], "heads.init_checkpoint")}
+    encoder: dict[str, Any] = {}
     if cfg.encoder.backend == "local" and cfg.encoder.model not in MODEL_ALIASES:
-        effective["encoder"]["model"] = str(confine(cfg.encoder.model, [settings.model_root], "encoder.model"))
-    effective["cache"]["dir"] = str(settings.effective_cache_dir.resolve())
-    effective["cache"]["redis_url"] = None
-    effective["output"]["report_dir"] = str(report_dir(settings, job_id))
-    _validate(effective)  # what the worker will run must itself be a valid config
-    return effective
+        encoder["model"] = str(confine(cfg.encoder.model, [settings.model_root], "encoder.model"))
+    if cfg.encoder.backend == "embedder":
+        encoder["embedder_url"] = settings.embedder_url
+    return _replace(
+        cfg, data=data, heads=heads, encoder=encoder,
+        cache={"dir": settings.effective_cache_dir.resolve(), "redis_url": None},
+        output={"checkpoint_root": confine(cfg.output.checkpoint_root, [checkpoint_root], "output.checkpoint_root"),
+                "report_dir": report_dir(settings, job_id)})
+
+
+def _replace(cfg: RecipeConfig, **sections: dict[str, Any]) -> RecipeConfig:
+    """``cfg`` with keys of its sections replaced; no second validation (the values are of the fields' types)."""
+    return cfg.model_copy(update={name: getattr(cfg, name).model_copy(update=values)
+                                  for name, values in sections.items() if values})

@@ -16,7 +16,7 @@ from clm_http.auth import require_bearer
 from clm_http.errors import APIError
 
 from .job_config import JobConfigError, prepare_config
-from .metrics import TrainerMetrics
+from .prometheus import TrainerMetrics
 from .models import Job, JobCreate, JobList
 from .settings import TrainerSettings
 from .store import IdempotencyConflict, JobStore, new_job_id, request_digest
@@ -63,7 +63,7 @@ async def create_job(request: Request, body: JobCreate,
         metrics.rejected.labels("path" if error.status == 400 else "config").inc()
         raise APIError(error.status, error.message, param=error.key) from None
     try:
-        submitted = await store.submit(job_id, config, body.name, idempotency_key=idempotency_key,
+        submitted = await store.submit(job_id, config.to_json_dict(), body.name, idempotency_key=idempotency_key,
                                        digest=request_digest(body.model_dump(mode="json")))
     except IdempotencyConflict as conflict:
         metrics.rejected.labels("idempotency_conflict").inc()

@@ -35,12 +35,12 @@ from clm.errors import KindedError, job_code
 from clm.recipes.errors import DISK_FULL_ERRNOS
 from clm.retry import RetryPolicy, failure_of, next_sleep
 
-from .job_config import prepare_config
+from .job_config import load_job_config
+from .job_progress import JobProgressRecorder, finite
 from .queue import Claim, JobQueue
-from .reporting import ProgressReporter, finite
 from .runner import JobCancelled, run_job
 from .settings import TrainerSettings, redact_url
-from .worker_metrics import WorkerMetrics
+from .worker_prometheus import WorkerMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -194,16 +194,15 @@ class Worker:
         work_dir = self.settings.work_root.resolve() / claim.job_id
         try:
             stored = self._retry(lambda: self.queue.config(claim.job_id), monitor)
-            config = prepare_config(stored, self.settings, claim.job_id)
-            epochs = config["train"]["epochs"] if config.get("mode") == "train" else None
-            reporter = ProgressReporter(self.queue, claim, epochs=epochs,
-                                        interval_s=self.settings.progress_interval_s, on_lost=monitor.mark_lost,
-                                        metrics=self.metrics)
+            config = load_job_config(stored, self.settings, claim.job_id)
+            recorder = JobProgressRecorder(self.queue, claim, epochs=config.train.epochs if config.mode == "train"
+                                           else None, interval_s=self.settings.progress_interval_s,
+                                           on_lost=monitor.mark_lost, metrics=self.metrics)
             try:
-                result = run_job(config, job_id=claim.job_id, work_dir=work_dir, progress=reporter,
+                result = run_job(config, job_id=claim.job_id, work_dir=work_dir, observer=recorder,
                                  should_cancel=monitor.should_stop)
             finally:
-                reporter.close()
+                recorder.close()
             return "succeeded", None, finite(result)
         except JobCancelled:
             if monitor.lost.is_set():

@@ -83,7 +83,7 @@ def _compare_here(args: argparse.Namespace, config: Any, heads: list[Path], sett
     from clm.recipes.train_clm_heads import EVAL_SPLITS, TrainCLMHeadsRecipe
 
     progress = None if args.no_progress else TqdmProgress()
-    recipe = TrainCLMHeadsRecipe(config, progress=progress)
+    recipe = TrainCLMHeadsRecipe(config, observer=progress)
     try:  # a core error (bad input: exit 2; the cache or the encoder failed: 1) is printed by `clm`
         recipe.setup()  # loads the splits and A, embeds every text once (from the cache when it can)
         other = load_heads_reference(heads[1])

@@ -95,7 +95,7 @@ def _run_here(args: argparse.Namespace, config: Any) -> int:
 
     progress = None if args.no_progress else TqdmProgress()
     resume_dir = Path(args.resume_dir) if args.resume_dir else None
-    recipe = TrainCLMHeadsRecipe(config, progress=progress, resume_dir=resume_dir)
+    recipe = TrainCLMHeadsRecipe(config, observer=progress, resume_dir=resume_dir)
     try:  # a core error (bad input: exit 2; the cache, the encoder, a resume state: 1) is printed by `clm`
         recipe.run_train_validation_loop()
     finally:

@@ -1,11 +1,12 @@
 """One typed description of an encoder, and the one way to build it and name what it computes.
 
 Every user of an encoder maps its own settings onto an :class:`EncoderSpec`
-and calls :meth:`~EncoderSpec.build` (the encoder) or
-:meth:`~EncoderSpec.identity` (its fingerprint and width, without loading a
-model): the embedder service (``EmbedderSettings.encoder_spec``), the recipe
-(``EncoderConfig.spec``, in-process or through the embedder) and clm-serve
-(``ServeSettings.encoder_spec``). Model folders, ``pooling: auto`` and
+with :func:`spec_from_settings` and a table naming, for each spec field, the
+setting that holds it, then calls :meth:`~EncoderSpec.build` (the encoder)
+or :meth:`~EncoderSpec.identity` (its fingerprint and width, without loading
+a model): the embedder service (``EmbedderSettings.encoder_spec``), the
+recipe (``EncoderConfig.spec``, in-process or through the embedder) and
+clm-serve (``ServeSettings.encoder_spec``). Model folders, ``pooling: auto`` and
 fingerprints are therefore decided by one piece of code: two copies had
 drifted apart before (issue 12), and a fingerprint that differs between the
 trainer and clm-serve makes clm-serve refuse the trainer's heads.
@@ -30,12 +31,12 @@ import logging
 import os
 import ssl
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from tenacity import RetryCallState
 
 from clm.encoders.base import EncoderBackend, EncoderError, EncoderFingerprint, EncoderUnavailable, Pooling
@@ -230,6 +231,23 @@ class EncoderSpec(BaseModel):
 
 
 # ------------------------------------------------------------------ asking a server who it is
+
+
+def spec_from_settings(settings: BaseModel, names: Mapping[str, str], **fixed: Any) -> EncoderSpec:
+    """The one mapping of settings onto an :class:`EncoderSpec`.
+
+    ``names`` maps each spec field to the attribute of ``settings`` holding it (each settings class keeps its
+    table beside its fields, so its environment variables keep their documented names); a ``None`` setting
+    leaves the spec's default; secrets are unwrapped here, nowhere else; ``fixed`` values win over the table.
+    """
+    values: dict[str, Any] = {}
+    for field, attribute in names.items():
+        value = getattr(settings, attribute)
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value()
+        if value is not None:
+            values[field] = value
+    return EncoderSpec(**{**values, **fixed})
 
 
 def _auth(api_key: str) -> dict[str, str]:

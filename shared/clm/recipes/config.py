@@ -13,6 +13,7 @@ directory of the process that runs the recipe.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -23,7 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from clm.checkpoint.compat import AssumedEncoder
 from clm.decision.config import DecisionLossConfig
 from clm.decision.errors import DecisionLossConfigError
-from clm.encoders.spec import EMBEDDER_API_KEY_ENV, DEFAULT_ENCODER_MAX_TOKENS, DEFAULT_ENCODER_MODEL, DEFAULT_ENCODER_POOLING, EncoderSpec
+from clm.encoders.spec import (EMBEDDER_API_KEY_ENV, DEFAULT_ENCODER_MAX_TOKENS, DEFAULT_ENCODER_MODEL,
+                               DEFAULT_ENCODER_POOLING, EncoderSpec, spec_from_settings)
 from clm.errors import BAD_INPUT, KindedError
 from clm.heads import HeadConfig
 from clm.recipes.overrides import OverrideError, apply_overrides, parse_overrides
@@ -67,6 +69,15 @@ class DataConfig(_Section):
     train: Path | None = None
     validation: Path
     test: Path | None = None
+
+
+# EncoderSpec field -> the key of the ``encoder`` section holding it (clm.encoders.spec.spec_from_settings).
+ENCODER_SETTINGS = {
+    "backend": "backend", "model": "model", "pooling": "pooling", "normalize": "normalize", "dtype": "dtype",
+    "max_tokens": "max_tokens", "device": "device", "local_batch_texts": "batch_size", "url": "embedder_url",
+    "remote_batch_texts": "batch_size", "max_concurrency": "concurrency", "timeout_s": "timeout_s",
+    "identity_retry_s": "retry_seconds",
+}
 
 
 class EncoderConfig(_Section):
@@ -127,14 +138,10 @@ class EncoderConfig(_Section):
 
     def spec(self, device: str | None = None) -> EncoderSpec:
         """This section as the encoder to build; ``device`` overrides ``device`` (a torchrun rank's own)."""
-        return EncoderSpec(
-            backend=self.backend, model=self.model, pooling=self.pooling, normalize=self.normalize,
-            dtype=self.dtype, max_tokens=self.max_tokens, device=device or self.device,
-            local_batch_texts=self.batch_size, url=self.embedder_url or "", remote_batch_texts=self.batch_size,
-            max_concurrency=self.concurrency, timeout_s=self.timeout_s, identity_retry_s=self.retry_seconds,
+        return spec_from_settings(
+            self, ENCODER_SETTINGS, **({"device": device} if device else {}),
             # A secret never belongs in a recipe (job configs are stored): the key comes from the environment.
-            api_key=os.environ.get(EMBEDDER_API_KEY_ENV, "") if self.backend == "embedder" else "",
-        )
+            api_key=os.environ.get(EMBEDDER_API_KEY_ENV, "") if self.backend == "embedder" else "")
 
 
 class CacheConfig(_Section):
@@ -250,6 +257,23 @@ class OutputConfig(_Section):
     publish: bool = Field(True, description="publish the best heads (train mode)")
 
 
+class TrackingConfig(_Section):
+    """Where a finished run is also written besides its report (``clm.report.tracking``)."""
+
+    tensorboard: bool = Field(True, description="TensorBoard event files in output.report_dir/tensorboard")
+    mlflow_tracking_uri: str | None = Field(
+        None, min_length=1, description="also an MLflow run there (the mlflow extra); null: no MLflow")
+    mlflow_experiment: str = Field("clm-heads", min_length=1, max_length=256, description="the MLflow experiment")
+
+    @field_validator("mlflow_tracking_uri")
+    @classmethod
+    def _mlflow_installed(cls, uri: str | None) -> str | None:
+        # Checked here, before any text is embedded, not when the report is written hours later.
+        if uri is not None and importlib.util.find_spec("mlflow") is None:
+            raise ValueError("MLflow logging needs the mlflow extra: pip install 'clm-heads[mlflow]' (mlflow-skinny)")
+        return uri
+
+
 class RecipeConfig(_Section):
     """The whole recipe: ``mode`` plus one section per concern."""
 
@@ -261,6 +285,7 @@ class RecipeConfig(_Section):
     loss: LossConfig = Field(default_factory=LossConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     output: OutputConfig = Field(default_factory=OutputConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     device: str = "cpu"
 
     @model_validator(mode="after")

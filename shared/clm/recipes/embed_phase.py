@@ -21,8 +21,8 @@ import numpy as np
 
 from clm.embedding_table import EmbeddingTable, EmbeddingTableError
 from clm.encoders.base import EncoderError
-from clm.recipes import embedding, shards
-from clm.recipes.config import RecipeConfig
+from clm.recipes import embedding_cache, shards
+from clm.recipes.config import CacheConfig, EncoderConfig
 from clm.recipes.distributed import RankInfo, all_gather, rank_device
 from clm.recipes.errors import RankFailedError
 from clm.recipes.progress import ProgressCallback, ProgressEvent
@@ -32,7 +32,7 @@ from clm.retry import RetryPolicy
 logger = logging.getLogger(__name__)
 
 
-async def encode_rank_chunks(cfg: RecipeConfig, contract: EmbeddingContract, device: str,
+async def encode_rank_chunks(encoder: EncoderConfig, cache: CacheConfig, contract: EmbeddingContract, device: str,
                              chunks: list[list[str]], progress: ProgressCallback,
                              texts: list[str] | None = None, path: Path | None = None):
     """Encode ``chunks`` (one encoder call each) on ``device``.
@@ -55,20 +55,20 @@ async def encode_rank_chunks(cfg: RecipeConfig, contract: EmbeddingContract, dev
 
     if not chunks:  # more ranks than chunks: this one has nothing to do
         return np.zeros((0, contract.dim), dtype=np.float32), 0
-    spec = cfg.encoder.spec(device=device)
+    spec = encoder.spec(device=device)
     # The embedder's identity is asked again (and waited for, visibly), so a model swapped since the run
     # read it is caught here.
     backend = spec.build(on_retry=lambda message: progress(ProgressEvent("embedding", 0, 0, message)))
     try:
         if backend.fingerprint.digest != contract.fingerprint.digest:
             raise EncoderError(f"the encoder's fingerprint changed while the run started: {backend.fingerprint}")
-        retry = RetryPolicy(budget_s=cfg.encoder.retry_seconds)
-        async with embedding.chunk_encoder(backend, spec, cfg.cache.dir, cfg.cache.redis_url, retry,
+        retry = RetryPolicy(budget_s=encoder.retry_seconds)
+        async with embedding_cache.chunk_encoder(backend, spec, cache.dir, cache.redis_url, retry,
                                            retry_notice) as encode:
             if path is not None:
                 assert texts is not None
-                return await embedding.build_table(path, texts, backend, encode, report, cfg.encoder.chunk_texts)
-            return await embedding.encode_chunks(chunks, backend.dim, encode, report)
+                return await embedding_cache.build_table(path, texts, backend, encode, report, encoder.chunk_texts)
+            return await embedding_cache.encode_chunks(chunks, backend.dim, encode, report)
     finally:
         await backend.aclose()
 
@@ -82,7 +82,7 @@ def find_cached_table(info: RankInfo, path: Path, fingerprint: str, texts: list[
     found, failure = None, None
     if info.is_main:
         try:
-            table = embedding.find_cached_table(path, fingerprint, texts)
+            table = embedding_cache.find_cached_table(path, fingerprint, texts)
             found = None if table is None else str(table.path)
         except Exception as error:  # noqa: BLE001  (relayed to every rank just below)
             failure = as_cache_failure(error, path)
@@ -94,26 +94,28 @@ def find_cached_table(info: RankInfo, path: Path, fingerprint: str, texts: list[
     return open_table(Path(found), fingerprint, path)
 
 
-def build_sharded_table(cfg: RecipeConfig, contract: EmbeddingContract, info: RankInfo, texts: list[str],
-                        path: Path, progress: ProgressCallback) -> tuple[EmbeddingTable, list[dict[str, Any]]]:
+def build_sharded_table(encoder: EncoderConfig, cache: CacheConfig, contract: EmbeddingContract, info: RankInfo,
+                        texts: list[str], path: Path,
+                        progress: ProgressCallback) -> tuple[EmbeddingTable, list[dict[str, Any]]]:
     """Encode this rank's chunks, then (rank 0) assemble the shards into the table at ``path``.
 
     Collective under torchrun. Returns the table and, per rank, what it
     encoded: ``{"rank", "chunks", "texts", "texts_embedded"}``.
     """
-    plan = shards.ShardPlan(len(texts), cfg.encoder.chunk_texts, info.world_size)
+    plan = shards.ShardPlan(len(texts), encoder.chunk_texts, info.world_size)
     staging = shards.staging_dir(path, plan)
     mine = plan.texts_of(info.rank, texts)
-    device = rank_device(cfg.encoder.device, info)
+    device = rank_device(encoder.device, info)
     table, failure, embedded = None, None, 0
     try:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)  # an unwritable cache fails here, before the model
             if info.distributed:
-                vectors, embedded = asyncio.run(encode_rank_chunks(cfg, contract, device, mine, progress))
+                vectors, embedded = asyncio.run(encode_rank_chunks(encoder, cache, contract, device, mine, progress))
                 shards.write_shard(shards.shard_path(staging, info.rank, info.world_size), vectors)
             else:
-                table, embedded = asyncio.run(encode_rank_chunks(cfg, contract, device, mine, progress, texts, path))
+                table, embedded = asyncio.run(encode_rank_chunks(encoder, cache, contract, device, mine, progress,
+                                                                  texts, path))
         except Exception as error:  # noqa: BLE001  (relayed to every rank just below)
             failure = as_cache_failure(error, path)
         raise_cache_failure(info, failure, "encoding and writing its embedding shard")
@@ -166,12 +168,12 @@ def assemble_table(plan: shards.ShardPlan, staging: Path, texts: list[str], path
 
 def as_cache_failure(error: Exception, path: Path) -> Exception:
     """A cache filesystem failure as ``EmbeddingCacheError`` naming the path; anything else unchanged."""
-    if isinstance(error, embedding.EmbeddingCacheError):
+    if isinstance(error, embedding_cache.EmbeddingCacheError):
         return error
-    if isinstance(error, embedding.CACHE_FAILURES):
-        return embedding.EmbeddingCacheError(path, error)
+    if isinstance(error, embedding_cache.CACHE_FAILURES):
+        return embedding_cache.EmbeddingCacheError(path, error)
     if isinstance(error, EmbeddingTableError) and isinstance(error.__cause__, OSError):
-        return embedding.EmbeddingCacheError(path, error.__cause__)
+        return embedding_cache.EmbeddingCacheError(path, error.__cause__)
     return error
 
 
@@ -186,7 +188,7 @@ def raise_cache_failure(info: RankInfo, failure: Exception | None, phase: str) -
     """
     report = None
     if failure is not None:
-        kind = "cache" if isinstance(failure, embedding.EmbeddingCacheError) else type(failure).__name__
+        kind = "cache" if isinstance(failure, embedding_cache.EmbeddingCacheError) else type(failure).__name__
         where = f"{info}, {phase}: " if info.distributed else ""
         report = (info.rank, kind, where + str(failure), str(getattr(failure, "path", "")))
     failures = [item for item in all_gather(report) if item is not None]
@@ -194,9 +196,9 @@ def raise_cache_failure(info: RankInfo, failure: Exception | None, phase: str) -
         return
     rank, kind, message, path = failures[0]
     if kind == "cache":
-        if not info.distributed and isinstance(failure, embedding.EmbeddingCacheError):
+        if not info.distributed and isinstance(failure, embedding_cache.EmbeddingCacheError):
             raise failure
-        error: Exception = embedding.EmbeddingCacheError.relayed(message, Path(path))
+        error: Exception = embedding_cache.EmbeddingCacheError.relayed(message, Path(path))
     elif failure is not None and rank == info.rank:
         error = failure
     else:

@@ -1,4 +1,4 @@
-"""The recipe's own errors (publishing, another rank) and the publish step that raises them.
+"""The recipe's own errors (publishing, another rank).
 
 Every error a run can end with is a ``clm.errors.KindedError``: its kind says
 whether the input (config, records, checkpoint: ``bad_input``) or the run's
@@ -12,9 +12,8 @@ from __future__ import annotations
 import errno
 from pathlib import Path
 
-from clm.checkpoint import CheckpointError, PublishedVersion, publish_checkpoint, resolve_latest
+from clm.checkpoint import CheckpointError, resolve_latest
 from clm.errors import UNAVAILABLE, KindedError
-from clm.heads import CLMHeadPair
 
 # Errnos that mean "the filesystem is full" (out of space, out of quota, file size limit).
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
@@ -47,13 +46,3 @@ class RankFailedError(KindedError, RuntimeError):
     """Another rank of a torchrun group failed in a phase this rank was waiting on; its message is relayed."""
 
     kind = UNAVAILABLE  # the job code is the kind's (unavailable)
-
-
-def publish_heads(root: Path, name: str, heads: CLMHeadPair, fingerprint, *, metrics: dict,
-                  parent: str | None, option_texts: list[str] | None = None) -> PublishedVersion:
-    """``publish_checkpoint``, with a filesystem failure reported as a ``PublishError`` naming root and cause."""
-    try:
-        return publish_checkpoint(root, name, heads, fingerprint, metrics=metrics, parent=parent,
-                                  option_texts=option_texts)
-    except OSError as error:
-        raise PublishError(Path(root), name, error) from error

@@ -30,7 +30,7 @@ from clm.errors import UNAVAILABLE, KindedError
 from clm.heads import CLMHeadPair
 from clm.recipes.config import TrainConfig
 from clm.recipes.objectives import StepObjective
-from clm.recipes.progress import ProgressCallback, ProgressEvent
+from clm.recipes.progress import ProgressEvent, RunObserver
 
 LOOP_STATE_FILE = "loop-state.pt"
 
@@ -45,7 +45,7 @@ class ResumeError(KindedError, RuntimeError):
 
 @dataclass
 class EpochReport:
-    """What one finished epoch produced; passed to ``on_epoch_end`` and kept in the history."""
+    """What one finished epoch produced; passed to ``RunObserver.on_epoch`` and kept in the history."""
 
     epoch: int  # 1-based
     train: dict[str, float]  # mean of the step metrics
@@ -101,9 +101,8 @@ def run_epochs(
     validate: Callable[[CLMHeadPair], dict[str, float]],
     *,
     run_digest: str,
-    progress: ProgressCallback,
+    observer: RunObserver,
     resume_dir: Path | None = None,
-    on_epoch_end: Callable[[EpochReport], None] | None = None,
 ) -> LoopOutcome:
     """Train ``heads`` in place for ``config.epochs``; returns the best validated weights (a copy)."""
     # fused: one kernel over all parameters instead of ~10 passes over 80 MB of weights, grads and
@@ -125,6 +124,7 @@ def run_epochs(
         sample_generator.set_state(saved["sample_rng"])
         best_state, best_value, best_epoch = saved["best_state"], saved["best_value"], saved["best_epoch"]
         history, start_epoch = list(saved["history"]), int(saved["epoch"])
+        observer.on_resumed(start_epoch, config.epochs)
 
     steps_per_epoch = math.ceil(len(records) / config.batch_size)
     total_steps = steps_per_epoch * config.epochs
@@ -152,7 +152,7 @@ def run_epochs(
                     sums[name] = sums.get(name, 0.0) + value
             done = (epoch - 1) * steps_per_epoch + step + 1
             loss_shown = {"loss": float(result[0].detach())} if result is not None else {}
-            progress(ProgressEvent("training", done, total_steps, counters={"epoch": epoch, **loss_shown}))
+            observer.on_progress(ProgressEvent("training", done, total_steps, counters={"epoch": epoch, **loss_shown}))
 
         seconds = time.perf_counter() - started
         heads.eval()
@@ -173,8 +173,7 @@ def run_epochs(
                 "sample_rng": sample_generator.get_state(), "best_state": best_state,
                 "best_value": best_value, "best_epoch": best_epoch, "history": history,
             })
-        if on_epoch_end is not None:
-            on_epoch_end(report)
+        observer.on_epoch(report)
 
     if best_state is None or best_value is None:
         raise RuntimeError(

@@ -1,16 +1,22 @@
-"""Progress reporting of a recipe run, decoupled from how it is shown.
+"""What a recipe run tells whoever watches it, decoupled from how it is shown.
 
-The recipe calls one ``ProgressCallback`` with ``ProgressEvent``s; the CLI
-turns them into tqdm bars, the trainer service into job events (its jobs API
-phases are the same names). A callback may raise to stop the run, which is
-how a cancelled job stops between steps.
+The recipe calls one ``RunObserver``: ``on_progress`` with ``ProgressEvent``s
+(every training step, embedded chunk and phase), ``on_epoch`` with each
+finished epoch's ``EpochReport``, ``on_resumed`` when an earlier attempt's
+epochs are reused. The CLI draws tqdm bars (``TqdmProgress``), the trainer
+service records job counters and events; both are observers, typed, with no
+event dicts switched on by a ``"type"`` string. Any method may raise to stop
+the run, which is how a cancelled job stops between steps.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:  # loop.py imports this module
+    from clm.recipes.loop import EpochReport
 
 Phase = Literal["embedding", "training", "evaluating", "publishing"]
 
@@ -33,21 +39,50 @@ class ProgressEvent:
         return asdict(self)
 
 
+# The low-level phases (embedding chunks) take just the progress half of an observer.
 ProgressCallback = Callable[[ProgressEvent], None]
 
 
-def ignore_progress(event: ProgressEvent) -> None:
-    """The default callback: nothing is shown."""
+class RunObserver:
+    """Watches one recipe run; every method is a no-op here, so an observer overrides only what it shows."""
+
+    def on_progress(self, event: ProgressEvent) -> None:
+        """A phase moved: ``event.done`` of ``event.total`` (steps, texts, records, files)."""
+
+    def on_epoch(self, report: EpochReport) -> None:
+        """An epoch finished and was validated (the loop saved its resume state first)."""
+
+    def on_resumed(self, from_epoch: int, epochs: int) -> None:
+        """Training continues after ``from_epoch`` of ``epochs``, from an earlier attempt's saved state."""
 
 
-class TqdmProgress:
-    """A ``ProgressCallback`` drawing one tqdm bar per phase (the CLI's display)."""
+class Observers(RunObserver):
+    """Several observers as one, called in the order given."""
+
+    def __init__(self, *observers: RunObserver) -> None:
+        self.observers = observers
+
+    def on_progress(self, event: ProgressEvent) -> None:
+        for observer in self.observers:
+            observer.on_progress(event)
+
+    def on_epoch(self, report: EpochReport) -> None:
+        for observer in self.observers:
+            observer.on_epoch(report)
+
+    def on_resumed(self, from_epoch: int, epochs: int) -> None:
+        for observer in self.observers:
+            observer.on_resumed(from_epoch, epochs)
+
+
+class TqdmProgress(RunObserver):
+    """One tqdm bar per phase (the CLI's display)."""
 
     def __init__(self, **tqdm_kwargs: Any) -> None:
         self._bars: dict[str, Any] = {}
         self._kwargs = {"dynamic_ncols": True, "leave": True, **tqdm_kwargs}
 
-    def __call__(self, event: ProgressEvent) -> None:
+    def on_progress(self, event: ProgressEvent) -> None:
         from tqdm.auto import tqdm
 
         bar = self._bars.get(event.phase)

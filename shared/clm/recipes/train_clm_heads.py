@@ -36,7 +36,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,14 +62,14 @@ from clm.heads import CLMHeadPair
 from clm.records import QuestionTarget
 from clm.records.compact import TextIds, load_compact
 from clm.report.assembly import RunFacts, TrainingSummary, write_run_report
-from clm.recipes import embed_phase, embedding
+from clm.recipes import embed_phase, embedding_cache
 from clm.recipes.config import ConfigError, RecipeConfig, load_config
 from clm.recipes.overrides import OverrideError, config_command_help, split_config_argument, wants_help
 from clm.recipes.distributed import RankInfo, close_distributed, init_distributed, wait_for_peers
-from clm.recipes.errors import publish_heads
 from clm.recipes.loop import EpochReport, LoopOutcome, run_epochs
 from clm.recipes.objectives import DecisionObjective, InfoNCEObjective, StepObjective
-from clm.recipes.progress import ProgressCallback, ProgressEvent, ignore_progress
+from clm.recipes.progress import Observers, ProgressEvent, RunObserver
+from clm.recipes.publishing import HeadsPublisher, Publication
 from clm.recipes.results import EmbeddingContract, RunResult
 from clm.texts import TEMPLATE_VERSION
 
@@ -84,10 +84,12 @@ class TrainCLMHeadsRecipe:
 
     ``run_train_validation_loop()`` does everything (``setup()`` first if it
     was not called) and leaves what it produced in ``self.result``.
-    Additions to the documented constructor, all keyword-only: ``progress``
-    receives phase events (may raise to cancel); ``resume_dir`` makes training
-    resumable from its last finished epoch; ``on_epoch_end`` sees every
-    epoch's report (e.g. to record a job event).
+    Additions to the documented constructor, all keyword-only: ``observer``
+    (a ``clm.recipes.progress.RunObserver``) sees phase progress, every
+    finished epoch and a resume, and may raise to cancel; ``resume_dir`` makes
+    training resumable from its last finished epoch; ``publisher`` (a
+    ``clm.recipes.publishing.HeadsPublisher``) writes the best heads, so a
+    caller with its own publishing rules passes its own.
     """
 
     MODES = MODES
@@ -96,9 +98,9 @@ class TrainCLMHeadsRecipe:
         self,
         cfg: RecipeConfig,
         *,
-        progress: ProgressCallback | None = None,
+        observer: RunObserver | None = None,
         resume_dir: Path | None = None,
-        on_epoch_end: Callable[[EpochReport], None] | None = None,
+        publisher: HeadsPublisher | None = None,
     ) -> None:
         if not isinstance(cfg, RecipeConfig):
             raise ConfigError(f"TrainCLMHeadsRecipe needs a RecipeConfig (clm.recipes.config.load_config / "
@@ -106,9 +108,10 @@ class TrainCLMHeadsRecipe:
         if cfg.mode not in MODES:
             raise ConfigError(f"mode must be one of {MODES}, got {cfg.mode!r}")
         self.cfg = cfg
-        self.progress = progress or ignore_progress
+        self.observer = observer or RunObserver()
+        self.progress = self.observer.on_progress  # what the phases below call
         self.resume_dir = resume_dir
-        self.on_epoch_end = on_epoch_end
+        self.publisher = publisher or HeadsPublisher()
         self.device = resolve_device(cfg.device)
         self.rank = RankInfo()
         # Per split, the records as compact arrays viewed as EncodedRecords (clm.encoded.EncodedSplit):
@@ -185,7 +188,7 @@ class TrainCLMHeadsRecipe:
         """Where the table of exactly ``texts`` under this encoder lives (``cache.dir/tables/...``)."""
         if self.contract is None:
             self.contract = self._embedding_config()
-        return embedding.table_cache_path(self.cfg.cache.dir, self.contract.fingerprint.digest, texts)
+        return embedding_cache.table_cache_path(self.cfg.cache.dir, self.contract.fingerprint.digest, texts)
 
     def _raise_cache_failure(self, failure: Exception | None, phase: str) -> None:
         """Propagate cache filesystem failures before any rank enters the next phase (collective under
@@ -218,7 +221,7 @@ class TrainCLMHeadsRecipe:
         """Encode this rank's chunks, then (rank 0) assemble the shards into the table at ``path``."""
         assert self.contract is not None
         table, self.embedding_ranks = embed_phase.build_sharded_table(
-            self.cfg, self.contract, self.rank, texts, path, self.progress)
+            self.cfg.encoder, self.cfg.cache, self.contract, self.rank, texts, path, self.progress)
         self.texts_embedded = sum(item["texts_embedded"] for item in self.embedding_ranks)
         return table
 
@@ -296,6 +299,7 @@ class TrainCLMHeadsRecipe:
         """Identity of a run for resuming: everything that shapes training (not where outputs go)."""
         config = self.cfg.to_json_dict()
         config.pop("output")
+        config.pop("tracking")  # where the finished run is also written, like output: it shapes no weight
         table_key = getattr(self, "_table_key", None) or self._cache_path(self.texts).name
         payload = json.dumps({"config": config, "texts": table_key}, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()
@@ -314,19 +318,12 @@ class TrainCLMHeadsRecipe:
 
         self.outcome = run_epochs(
             heads, self.encoded["train"], objective, sample_generator, train, validate,
-            run_digest=self._run_digest(), progress=self.progress, resume_dir=self.resume_dir,
-            on_epoch_end=self._epoch_ended,
+            run_digest=self._run_digest(), observer=Observers(_EpochTimings(self.timings), self.observer),
+            resume_dir=self.resume_dir,
         )
         best = copy.deepcopy(heads)
         best.load_state_dict(self.outcome.best_state)
         return best.eval()
-
-    def _epoch_ended(self, report: EpochReport) -> None:
-        self.timings["epochs"].append({"epoch": report.epoch, "seconds": report.seconds, "questions": report.questions,
-                                       "questions_per_s": report.questions_per_s,
-                                       "validation_seconds": report.validation_seconds})
-        if self.on_epoch_end is not None:
-            self.on_epoch_end(report)
 
     # ---------------------------------------------------------------- report and publish
     def _score_eval_splits(self, heads: CLMHeadPair) -> dict[str, list[ScoredQuestion]]:
@@ -352,16 +349,13 @@ class TrainCLMHeadsRecipe:
             "before": {split: metrics["overall"] for split, metrics in metrics_by_split(before).items()},
             "after": {split: metrics["overall"] for split, metrics in metrics_by_split(after).items()},
         }
-        version = self._write_version(heads, metrics)
+        assert self.contract is not None
+        version = self.publisher.publish(Publication(
+            self.cfg.output.checkpoint_root, self.cfg.output.name, heads, self.contract.fingerprint, metrics,
+            parent=None if self.init_checkpoint is None else self.init_checkpoint.sha256,
+            option_texts=self.option_texts))
         self.progress(ProgressEvent("publishing", 1, 1, version.label))
         return version
-
-    def _write_version(self, heads: CLMHeadPair, metrics: dict) -> PublishedVersion:
-        """The irreversible step of publishing (a hook: the trainer service adds its publish-once guard)."""
-        assert self.contract is not None
-        parent = None if self.init_checkpoint is None else self.init_checkpoint.sha256
-        return publish_heads(self.cfg.output.checkpoint_root, self.cfg.output.name, heads.cpu(),
-                             self.contract.fingerprint, metrics=metrics, parent=parent, option_texts=self.option_texts)
 
     def _run_facts(self) -> RunFacts:
         """What the report says about this run besides its scores (``clm.report.assembly``)."""
@@ -398,7 +392,8 @@ class TrainCLMHeadsRecipe:
             after = self._score_eval_splits(best)
             if self.cfg.output.publish:
                 checkpoint = self._publish(best, before, after)
-        report_path = write_run_report(self._run_facts(), before, after, checkpoint)
+        report_path = write_run_report(self._run_facts(), before, after, checkpoint,
+                                       tracking=self.cfg.tracking.model_dump())
         outcome = self.outcome
         self.result = RunResult(
             mode=self.cfg.mode, texts_total=self.texts_total, texts_embedded=self.texts_embedded,
@@ -466,3 +461,17 @@ if __name__ == "__main__":
     from clm.recipes.train_clm_heads import _cli as cli
 
     sys.exit(cli())
+
+
+class _EpochTimings(RunObserver):
+    """Keeps each epoch's timing for the report's "where the time went" and the job's events."""
+
+    def __init__(self, timings: dict[str, Any]) -> None:
+        self.timings = timings
+
+    def on_epoch(self, report: EpochReport) -> None:
+        # The loop validated this epoch just before: its evaluation row is the last one (the report labels it).
+        self.timings["evaluation"][-1]["epoch"] = report.epoch
+        self.timings["epochs"].append({"epoch": report.epoch, "seconds": report.seconds, "questions": report.questions,
+                                       "questions_per_s": report.questions_per_s,
+                                       "validation_seconds": report.validation_seconds})

@@ -14,7 +14,7 @@ What makes a line fast, and why each step is sound:
   silently, so the members are re-encoded and must equal the line byte for
   byte: an encoding of a ``dict`` has no repeated key, so the line has none
   either. Lines written compactly with UTF-8 kept (``separators=(",", ":")``,
-  ``ensure_ascii=False``: how ``clm.synthetic`` and msgspec write) qualify;
+  ``ensure_ascii=False``: how ``clm_devtools.synthetic`` and msgspec write) qualify;
   other spellings are valid but read by the strict reader, at its pace.
 * **Repeated parts validated once, by the strict reader.** ``questions``,
   ``answers``, ``rewards``, ``instructions`` and ``weight`` repeat across a

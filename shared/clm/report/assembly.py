@@ -1,4 +1,5 @@
-"""The run report: ``report.json``, ``report.html`` and reliability diagrams per split, in ``report_dir``.
+"""The run report: ``report.json``, ``report.html``, reliability diagrams per split and, when
+asked, TensorBoard event files (``tensorboard/``) and an MLflow run, in ``report_dir``.
 
 The JSON is the machine-readable result (the trainer service serves it as
 ``GET /jobs/{id}/report``); the HTML (``clm.report.html``) is for people. The
@@ -25,7 +26,9 @@ from clm.encoded import EncodedRecord
 from clm.encoders.base import EncoderFingerprint
 from clm.evaluation.comparison import worth_it_sections
 from clm.evaluation.metrics import ScoredQuestion, metrics_by_split, reliability_diagram
+from clm.report.curves import training_curves
 from clm.report.html import render_html
+from clm.report.tracking import TrackingTargets, track_run
 
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"
@@ -76,12 +79,14 @@ def write_diagrams(
 
 def write_run_report(facts: RunFacts, before: Mapping[str, Sequence[ScoredQuestion]],
                      after: Mapping[str, Sequence[ScoredQuestion]] | None,
-                     checkpoint: PublishedVersion | None) -> Path:
+                     checkpoint: PublishedVersion | None,
+                     tracking: TrackingTargets | Mapping[str, Any] | None = None) -> Path:
     """A finished run's report: diagrams, JSON, HTML in ``facts.report_dir``.
 
     ``before``/``after`` are the scored evaluation splits of the initial and the
     best heads (``after`` is None in eval mode); ``checkpoint`` the published
-    version or None. Returns the JSON path.
+    version or None; ``tracking`` where the run is also written (TensorBoard,
+    MLflow: ``clm.report.tracking``), None for nowhere. Returns the JSON path.
     """
     report_dir = facts.report_dir
     diagrams = {"before": write_diagrams(report_dir, "before", before)}
@@ -101,13 +106,16 @@ def write_run_report(facts: RunFacts, before: Mapping[str, Sequence[ScoredQuesti
         "after": None if after is None else metrics_by_split(after),
         "training": None if training is None else {
             "eval_metric": training.eval_metric, "best_epoch": training.best_epoch,
-            "best_value": training.best_value, "history": list(training.history)},
+            "best_value": training.best_value, "history": list(training.history),
+            "curves": training_curves(training.history, training.best_epoch)},
         "checkpoint": None if checkpoint is None else {
             "path": str(checkpoint.path), "version": checkpoint.label, "sha256": checkpoint.sha256},
         "diagrams": diagrams,
         "timings": dict(facts.timings),
     }
     report.update(worth_it_sections(facts.table, facts.encoded.get("train"), facts.encoded, before, after))
+    if tracking is not None:
+        report["tracking"] = track_run(report, report_dir, tracking)
     return write_report(report_dir, report)
 
 

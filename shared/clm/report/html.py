@@ -1,12 +1,14 @@
 """The run report as a page for people: ``report.html``, self-contained apart from the PNGs beside it.
 
-A before/after table per split (overall, per question type, per question id)
-and the reliability diagram of each split's heads, before and after. Every
+A before/after table per split (overall, per question type, per question id),
+the reliability diagram of each split's heads, before and after, and a train
+run's per-epoch curves (``clm.report.curves``, inline SVG). Every
 table puts the heads (before/after) and the baselines side by side, each
 difference with its paired bootstrap interval ("n.s." when it contains 0),
 overall, on questions training did / did not contain, per question type and
 per question id. It reads only the report dict (``clm.report.assembly``
-writes it; ``clm.report.tables`` reads it the same way for the terminal).
+writes it; ``clm.report.tables`` reads it the same way for the terminal). Every
+number goes through ``clm.report.numbers``: significant digits, separators, units.
 """
 
 from __future__ import annotations
@@ -16,15 +18,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from clm.evaluation.metrics import COUNTS, GROUP_METRICS
+from clm.report.curves import curves_section
+from clm.report.numbers import format_number, format_quantity, format_seconds
 from clm.report.tables import NOT_SIGNIFICANT, group_order, interval_text, scope_metrics
 
 
 def _fmt(value: Any) -> str:
-    if value is None:
-        return "–"
-    if isinstance(value, float):
-        return f"{value:.4f}"
-    return html.escape(str(value))
+    return html.escape(format_number(value))
 
 
 def _interval_cell(interval: Mapping[str, Any] | None) -> str:
@@ -110,32 +110,95 @@ def _baseline_notes(report: Mapping[str, Any]) -> str:
     return f"<h2>Baselines</h2><ul>{''.join(items)}</ul>{intervals}"
 
 
+def evaluation_labels(report: Mapping[str, Any]) -> list[str]:
+    """A name per evaluation timing saying which heads it scored: the initial ones, an epoch's, the best.
+
+    A train run times, in order, every evaluated split before training, one
+    validation per epoch it ran and the same splits again with the best heads.
+    The recipe tags each epoch's validation with its ``epoch``; the entries
+    before the first tagged one scored the initial heads, those after the last
+    the best. A report written before the tag existed is read by that order
+    alone (one validation per entry of ``timings.epochs``).
+    """
+    timings = report.get("timings") or {}
+    evaluations = timings.get("evaluation") or []
+    labels = [f"evaluation: {entry.get('split')}" for entry in evaluations]
+    if report.get("mode") != "train":
+        return labels
+    best = (report.get("training") or {}).get("best_epoch")
+    tagged = [i for i, entry in enumerate(evaluations) if "epoch" in entry]
+    if tagged:
+        for i, entry in enumerate(evaluations):
+            if "epoch" in entry:
+                labels[i] += f", epoch {entry['epoch']}"
+            elif i < tagged[0]:
+                labels[i] += ", before training"
+            elif i > tagged[-1]:
+                labels[i] += f", best heads (epoch {best})"
+        return labels
+    epochs = [entry.get("epoch") for entry in timings.get("epochs") or []]
+    splits = (len(evaluations) - len(epochs)) // 2
+    if len(evaluations) != 2 * splits + len(epochs):
+        epochs, splits = [], 0  # not the recipe's order: nothing is known of which heads each scored
+    for i in range(len(evaluations)):
+        epoch = epochs[i - splits] if splits <= i < splits + len(epochs) else None
+        if epoch is not None:
+            labels[i] += f", epoch {epoch}"
+        elif epochs or splits:
+            labels[i] += ", before training" if i < splits else f", best heads (epoch {best})"
+    return labels
+
+
 def _timings_section(report: Mapping[str, Any]) -> str:
     """Where the run's time went: loading, embedding, each epoch, each evaluation (the run's ``timings``)."""
     timings = report.get("timings") or {}
+    best = (report.get("training") or {}).get("best_epoch")
     rows: list[tuple[str, Any, str]] = []
     loading = timings.get("loading")
     if loading:
         rows.append(("loading and validating records", loading.get("seconds"),
-                     f"{loading.get('records')} records, {loading.get('texts')} distinct texts, "
-                     f"{_fmt(loading.get('records_per_s'))} records/s"))
+                     f"{format_quantity(loading.get('records'), 'records')}, "
+                     f"{format_quantity(loading.get('texts'), 'distinct texts')}, "
+                     f"{format_quantity(loading.get('records_per_s'), 'records/s')}"))
     embedding = timings.get("embedding")
     if embedding:
         rows.append(("embedding", embedding.get("seconds"),
-                     f"{embedding.get('texts_requested')} texts requested, {embedding.get('from_cache')} from cache, "
-                     f"{_fmt(embedding.get('texts_per_s'))} texts/s"))
+                     f"{format_quantity(embedding.get('texts_requested'), 'texts')} requested, "
+                     f"{format_number(embedding.get('from_cache'))} from cache, "
+                     f"{format_quantity(embedding.get('texts_per_s'), 'texts/s')}"))
     for epoch in timings.get("epochs") or []:
-        rows.append((f"epoch {epoch.get('epoch')}", epoch.get("seconds"),
-                     f"{epoch.get('questions')} questions, {_fmt(epoch.get('questions_per_s'))} questions/s; "
-                     f"validation {_fmt(epoch.get('validation_seconds'))} s"))
-    for evaluation in timings.get("evaluation") or []:
-        rows.append((f"evaluation: {evaluation.get('split')}", evaluation.get("seconds"),
-                     f"{evaluation.get('records')} records, {evaluation.get('questions')} questions"))
+        name = f"epoch {epoch.get('epoch')}" + (" (best)" if epoch.get("epoch") == best else "")
+        rows.append((name, epoch.get("seconds"),
+                     f"{format_quantity(epoch.get('questions'), 'questions')}, "
+                     f"{format_quantity(epoch.get('questions_per_s'), 'questions/s')}; "
+                     f"validation {format_seconds(epoch.get('validation_seconds'))}"))
+    for label, evaluation in zip(evaluation_labels(report), timings.get("evaluation") or []):
+        rows.append((label, evaluation.get("seconds"),
+                     f"{format_quantity(evaluation.get('records'), 'records')}, "
+                     f"{format_quantity(evaluation.get('questions'), 'questions')}"))
     if not rows:
         return ""
-    body = "".join(f"<tr><td>{html.escape(name)}</td><td>{_fmt(seconds)}</td><td>{html.escape(detail)}</td></tr>"
-                   for name, seconds, detail in rows)
-    return f"<h2>Where the time went</h2><table><tr><th>phase</th><th>seconds</th><th>what</th></tr>{body}</table>"
+    body = "".join(f"<tr><td>{html.escape(name)}</td><td>{html.escape(format_seconds(seconds))}</td>"
+                   f"<td>{html.escape(detail)}</td></tr>" for name, seconds, detail in rows)
+    return f"<h2>Where the time went</h2><table><tr><th>phase</th><th>time</th><th>what</th></tr>{body}</table>"
+
+
+def _tracking_note(report: Mapping[str, Any]) -> str:
+    """Where else the run can be browsed: the TensorBoard command, the MLflow run (or why not)."""
+    tracking = report.get("tracking") or {}
+    items = []
+    tensorboard = tracking.get("tensorboard")
+    if tensorboard:
+        report_dir = ((report.get("config") or {}).get("output") or {}).get("report_dir")
+        where = f"{report_dir}/{tensorboard['dir']}" if report_dir and "dir" in tensorboard else None
+        items.append(f"TensorBoard: <code>tensorboard --logdir {html.escape(where)}</code>" if where
+                     else f"TensorBoard: not written ({html.escape(str(tensorboard.get('error')))})")
+    mlflow = tracking.get("mlflow")
+    if mlflow:
+        items.append(f"MLflow: experiment {html.escape(str(mlflow.get('experiment')))}, run "
+                     f"<code>{html.escape(str(mlflow.get('run_id')))}</code>" if "run_id" in mlflow
+                     else f"MLflow: not written ({html.escape(str(mlflow.get('error')))})")
+    return f'<ul class="tracking">{"".join(f"<li>{item}</li>" for item in items)}</ul>' if items else ""
 
 
 def render_html(report: Mapping[str, Any]) -> str:
@@ -159,10 +222,13 @@ th:first-child, td:first-child {{ text-align: left; }}
 .better {{ color: #067d17; }} .worse {{ color: #b00020; }} .ns {{ color: #777; }}
 .diagrams {{ display: flex; gap: 1em; }} figure {{ margin: 0; }}
 .findings li {{ color: #b00020; }}
+.curves {{ display: flex; flex-wrap: wrap; gap: 1em; }}
 </style></head><body>
 <h1>CLM heads report</h1>
 <table>{summary_rows}</table>
+{_tracking_note(report)}
 {_findings(report)}
+{curves_section(report.get("training"))}
 {_timings_section(report)}
 {_baseline_notes(report)}
 {sections}

@@ -14,6 +14,7 @@ from typing import Any
 from clm.evaluation.baselines import BASELINE_NAMES
 from clm.evaluation.generalisation import GROUP_ORDER
 from clm.evaluation.metrics import COMPARED_METRICS
+from clm.report.numbers import format_number, format_signed
 
 TABLE_METRICS = COMPARED_METRICS  # the terminal shows the compared metrics, with their intervals
 NOT_SIGNIFICANT = "n.s."
@@ -59,8 +60,8 @@ def interval_text(interval: Mapping[str, Any] | None, digits: int = 4) -> tuple[
     """(``"+0.0310 [-0.0100, +0.0720] n.s."``, verdict) with verdict ``better`` / ``worse`` / ``ns`` / ``""``."""
     if not interval or interval.get("difference") is None:
         return "–", ""
-    d = digits
-    text = f"{interval['difference']:+.{d}f} [{interval['low']:+.{d}f}, {interval['high']:+.{d}f}]"
+    text = (f"{format_signed(interval['difference'], digits)} "
+            f"[{format_signed(interval['low'], digits)}, {format_signed(interval['high'], digits)}]")
     if not interval["significant"]:
         return f"{text} {NOT_SIGNIFICANT}", "ns"
     return text, "better" if interval["better"] else "worse"
@@ -77,7 +78,8 @@ def group_order(groups: Sequence[str]) -> list[str]:
 
 
 def number(value: Any) -> str:
-    return "–" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)
+    """A metric's cell in a terminal table: the report's one number format (``clm.report.numbers``)."""
+    return format_number(value)
 
 
 def headline_metric(report: Mapping[str, Any]) -> str:

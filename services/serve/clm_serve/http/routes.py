@@ -12,11 +12,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from clm_http.auth import require_bearer
 from clm_http.errors import APIError
 
-from clm_serve.loaded_heads import LoadedHeads
-from clm_serve.models import RAW_MODEL, model_cards
-from clm_serve.protocol import ErrorResponse, RankRequest, RankResponse, StructuredDecisionRequest
-from clm_serve.runtime import ServeRuntime
-from clm_serve.serving import ServingStructuredDecisions
+from clm_serve.http.models import model_cards
+from clm_serve.http.protocol import ErrorResponse, RankRequest, RankResponse, StructuredDecisionRequest
+from clm_serve.http.serving import ServingStructuredDecisions
+from clm_serve.runtime.loaded_heads import LoadedHeads
+from clm_serve.runtime.names import RAW_MODEL
+from clm_serve.runtime.service import ServeRuntime
 
 HEADS_VERSION_HEADER = "X-CLM-Heads-Version"
 LATENCY_HEADER = "X-CLM-Latency-Ms"

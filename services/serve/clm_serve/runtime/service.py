@@ -27,12 +27,12 @@ from clm.encoders.coalescing import CoalescingEncoder
 from clm.encoders.spec import fetch_remote_identity
 from clm.retry import RetryPolicy, failure_of, next_sleep
 
-from clm_serve.action_cache import OptionEmbeddings
-from clm_serve.batcher import ProjectionBatcher
-from clm_serve.engine import DecisionEngine
-from clm_serve.metrics import ServeMetrics
-from clm_serve.registry import HeadsRegistry
-from clm_serve.reloader import HeadsManager, pause, warm_option_texts
+from clm_serve.runtime.action_cache import OptionEmbeddings
+from clm_serve.runtime.batcher import ProjectionBatcher
+from clm_serve.runtime.engine import DecisionEngine
+from clm_serve.prometheus import ServeMetrics
+from clm_serve.runtime.registry import HeadsRegistry
+from clm_serve.runtime.reloader import HeadsManager, pause, warm_option_texts
 from clm_serve.settings import ServeSettings
 
 logger = logging.getLogger(__name__)

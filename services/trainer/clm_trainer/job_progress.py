@@ -1,4 +1,4 @@
-"""Turn the runner's progress callbacks into job counters and (throttled) job events.
+"""A job's progress in Redis: the run observer that turns a recipe run into job counters and (throttled) events.
 
 A training step can take well under a millisecond on small heads, so writing
 Redis on every step would cost more than the step; counters are written at
@@ -17,8 +17,11 @@ from typing import Any, Callable
 
 import redis
 
+from clm.recipes.loop import EpochReport
+from clm.recipes.progress import ProgressEvent, RunObserver
+
 from .queue import Claim, JobQueue
-from .worker_metrics import PhaseClock, WorkerMetrics
+from .worker_prometheus import PhaseClock, WorkerMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -34,8 +37,8 @@ def finite(value: Any) -> Any:
     return value
 
 
-class ProgressReporter:
-    """The ``progress`` callback a worker hands to ``run_job``; ``on_lost`` fires when the lease is gone."""
+class JobProgressRecorder(RunObserver):
+    """The observer a worker hands to ``run_job``; ``on_lost`` fires when the lease is gone."""
 
     def __init__(self, queue: JobQueue, claim: Claim, *, epochs: int | None, interval_s: float,
                  on_lost: Callable[[], None], metrics: WorkerMetrics | None = None) -> None:
@@ -52,29 +55,27 @@ class ProgressReporter:
         self._retry = None  # the last embedder retry number counted
         self._dropped = 0  # progress writes lost to the current Redis outage
 
-    def __call__(self, item: dict[str, Any]) -> None:
-        kind = item.get("type")
-        if kind == "progress":
-            self._progress(item)
-        elif kind == "epoch":
-            self.counters.update(epoch=item["epoch"], best_epoch=item["epoch"] if item["is_best"]
-                                 else self.counters.get("best_epoch"))
-            self._write({"type": "epoch", "phase": self.phase, **{k: v for k, v in item.items() if k != "type"}})
-        elif kind == "resumed":
-            self.counters["resumed_from_epoch"] = item["from_epoch"]
-            self._write({"type": "resumed", **{k: v for k, v in item.items() if k != "type"}})
+    def on_epoch(self, report: EpochReport) -> None:
+        self.counters.update(epoch=report.epoch, best_epoch=report.epoch if report.is_best
+                             else self.counters.get("best_epoch"))
+        self._write({"type": "epoch", "phase": self.phase, **report.as_dict()})
 
-    def _progress(self, item: dict[str, Any]) -> None:
-        phase, done, total = item["phase"], int(item["done"]), int(item["total"])
-        counters = item.get("counters") or {}
+    def on_resumed(self, from_epoch: int, epochs: int) -> None:
+        self.counters["resumed_from_epoch"] = from_epoch
+        self._write({"type": "resumed", "from_epoch": from_epoch, "epochs": epochs,
+                     "message": f"resuming after epoch {from_epoch} of {epochs} (saved by an earlier attempt)"})
+
+    def on_progress(self, event: ProgressEvent) -> None:
+        phase, done, total = event.phase, event.done, event.total
+        counters = event.counters
         if phase == "embedding":
             self.counters.update(texts_done=done, texts_total=total,
                                  texts_embedded=counters.get("texts_embedded", self.counters.get("texts_embedded")))
         elif phase == "training":
             self.counters.update(step=done, steps_total=total)
             self.counters.update({k: counters[k] for k in ("epoch", "loss") if k in counters})
-        elif phase == "evaluating" and item.get("message"):
-            self.counters["evaluating"] = item["message"]
+        elif phase == "evaluating" and event.message:
+            self.counters["evaluating"] = event.message
         retrying = bool(counters.get("retry"))  # a wait for an unavailable embedder is always shown
         self._observe(phase, counters)
         changed = phase != self.phase
@@ -83,7 +84,7 @@ class ProgressReporter:
         due = time.monotonic() - self._last_write >= self.interval_s
         if changed or phase_end or due or retrying:
             event = {"type": "progress", "phase": phase, "done": done, "total": total,
-                     "message": item.get("message") or "", "counters": counters}
+                     "message": event.message, "counters": counters}
             self._write(event)
 
     def _observe(self, phase: str, counters: dict[str, Any]) -> None:

@@ -7,8 +7,8 @@ weights are random but come from a fixed seed, so a build is reproducible:
 the same spec gives byte-identical files, and a second build into the same
 folder is a no-op.
 
-    python -m clm.encoders.tiny_qwen3 --out var/models/tiny-qwen3
-    python -m clm.encoders.tiny_qwen3 --out var/models/qwen3-512x4 --hidden 512 --layers 4 --heads 8 --kv-heads 2
+    python -m clm_devtools.tiny_qwen3 --out var/models/tiny-qwen3
+    python -m clm_devtools.tiny_qwen3 --out var/models/qwen3-512x4 --hidden 512 --layers 4 --heads 8 --kv-heads 2
 
 The vLLM CPU attention kernel refuses head_dim 16, so head_dim defaults to 64
 (see the vLLM-on-CPU notes).
@@ -213,7 +213,7 @@ def _move_into_place(staging: Path, out: Path, spec: TinyQwen3Spec) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     defaults = TinyQwen3Spec()
-    parser = argparse.ArgumentParser(prog="python -m clm.encoders.tiny_qwen3", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m clm_devtools.tiny_qwen3", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, type=Path, help="output folder (created; reused if already built)")
     parser.add_argument("--hidden", type=int, default=defaults.hidden)
     parser.add_argument("--layers", type=int, default=defaults.layers)

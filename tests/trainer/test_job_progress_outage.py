@@ -12,7 +12,8 @@ import logging
 
 import redis
 
-from clm_trainer.reporting import ProgressReporter
+from clm.recipes.loop import EpochReport
+from clm_trainer.job_progress import JobProgressRecorder
 
 
 class FlakyQueue:
@@ -34,10 +35,10 @@ class Claim:
 
 def test_one_warning_per_outage_and_a_note_when_writes_resume(caplog):
     queue = FlakyQueue(failures=50)
-    reporter = ProgressReporter(queue, claim=Claim(), epochs=60, interval_s=0, on_lost=lambda: None)
-    with caplog.at_level(logging.INFO, logger="clm_trainer.reporting"):
+    recorder = JobProgressRecorder(queue, claim=Claim(), epochs=60, interval_s=0, on_lost=lambda: None)
+    with caplog.at_level(logging.INFO, logger="clm_trainer.job_progress"):
         for epoch in range(1, 61):
-            reporter({"type": "epoch", "epoch": epoch, "is_best": True})
+            recorder.on_epoch(EpochReport(epoch, {"loss": 0.5}, {"accuracy": 0.9}, 0.9, is_best=True))
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "progress not recorded" in warnings[0].getMessage()
     recovered = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]

@@ -21,9 +21,9 @@ from clm.encoders.base import EncoderBackend
 from clm.encoders.coalescing import CoalescingEncoder
 from clm.schema import tempered_logits
 
-from clm_serve.action_cache import OptionEmbeddings, round_vectors
-from clm_serve.batcher import ProjectionBatcher
-from clm_serve.loaded_heads import LoadedHeads
+from clm_serve.runtime.action_cache import OptionEmbeddings, round_vectors
+from clm_serve.runtime.batcher import ProjectionBatcher
+from clm_serve.runtime.loaded_heads import LoadedHeads
 from clm_serve.question_types import Question
 
 _WARM_CHUNK = 4096  # option texts projected per step while warming (bounds peak memory)

@@ -2,59 +2,25 @@
 
 from __future__ import annotations
 
-import inspect
-import json
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse
 from fastapi.middleware.cors import CORSMiddleware
 
 import clm
 from clm.encoders.base import EncoderBackend
 from clm_http.api_key import APIKeyMiddleware, api_keys_from
-from clm_http.errors import install_error_handlers
 from clm_http.limits import BodySizeLimitMiddleware
-from clm_http.metrics import RequestMetricsMiddleware
+from clm_http.prometheus import RequestMetricsMiddleware
 
-from clm_serve.playground_routes import cors_origins, playground_router
-from clm_serve.routes import router
-from clm_serve.runtime import ServeRuntime
-from clm_serve.serving import ServingStructuredDecisions
+from clm_serve.http.errors import UNAUTHORIZED, install_serve_error_handlers
+from clm_serve.http.playground_routes import cors_origins, playground_router
+from clm_serve.http.routes import router
+from clm_serve.http.serving import ServingStructuredDecisions
+from clm_serve.runtime.service import ServeRuntime
 from clm_serve.settings import ServeSettings
 
 DECISION_PATH = "/v1/systemone"
-
-# The 401 of a missing or wrong API key, read by both kinds of clients: vLLM's error object (``error``) and
-# upstream contrastive-lm's message (``detail``, what its CLMClient shows), worded as upstream's.
-UNAUTHORIZED = {"error": {"message": "invalid API key", "type": "Unauthorized", "param": None, "code": 401},
-                "detail": "invalid API key"}
-
-
-def add_error_detail(app: FastAPI) -> None:
-    """Every error body of the app's exception handlers also carries ``detail``: the message, which is what
-    upstream contrastive-lm's CLMClient reads (``r.json().get("detail", r.text)``); vLLM clients read ``error``."""
-    for key, handler in list(app.exception_handlers.items()):
-        app.exception_handlers[key] = _with_detail(handler)
-
-
-def _with_detail(handler):
-    async def wrapped(request, exc):
-        response = handler(request, exc)
-        if inspect.isawaitable(response):
-            response = await response
-        if isinstance(response, JSONResponse) and response.status_code >= 400:
-            try:
-                body = json.loads(response.body)
-            except ValueError:
-                return response
-            message = body.get("error", {}).get("message") if isinstance(body, dict) else None
-            if isinstance(message, str) and "detail" not in body:
-                headers = {k: v for k, v in response.headers.items()
-                           if k.lower() not in ("content-length", "content-type")}
-                return JSONResponse({**body, "detail": message}, status_code=response.status_code, headers=headers)
-        return response
-    return wrapped
 
 
 def create_app(settings: ServeSettings | None = None, *, encoder: EncoderBackend | None = None) -> FastAPI:
@@ -81,8 +47,7 @@ def create_app(settings: ServeSettings | None = None, *, encoder: EncoderBackend
     )
     app.state.runtime = runtime
     app.state.serving = ServingStructuredDecisions(runtime)
-    install_error_handlers(app, validation_status=400)  # vLLM answers invalid requests with 400
-    add_error_detail(app)
+    install_serve_error_handlers(app)  # vLLM's error bodies, this service's typed errors mapped (http.errors)
     app.include_router(router)
     if settings.playground:  # the web page at / (CLM_SERVE_PLAYGROUND=false: / is 404)
         app.include_router(playground_router())

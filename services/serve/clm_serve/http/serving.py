@@ -17,12 +17,11 @@ from fastapi import Request
 from clm.encoders.base import EncoderChanged, EncoderError, EncoderInputError
 from clm.records import FieldProblem
 from clm.records.model import checked_state
+from clm.schema import RAW_SCALE  # the scale of clm-raw's logits (100 x cosine, upstream's)
 from clm.texts import join_state, render_state, state_text_tail
 from clm_http.errors import APIError
 
-from clm_serve.loaded_heads import LoadedHeads
-from clm_serve.models import RAW_SCALE
-from clm_serve.protocol import (
+from clm_serve.http.protocol import (
     DecisionUsage,
     QuestionDiagnostics,
     QuestionSpec,
@@ -33,7 +32,8 @@ from clm_serve.protocol import (
     StructuredDecisionResponse,
 )
 from clm_serve.question_types import Question, StructuredDecisionError, build_question
-from clm_serve.runtime import ServeRuntime
+from clm_serve.runtime.loaded_heads import LoadedHeads
+from clm_serve.runtime.service import ServeRuntime
 
 logger = logging.getLogger(__name__)
 
@@ -127,15 +127,13 @@ class ServingStructuredDecisions:
         temperature = check_temperature(request.temperature)
         base_id = raw_request.headers.get("X-Request-Id") if raw_request is not None else None
         request_id = f"decision-{base_id or request.request_id}"
-        try:
-            questions = parse_questions(
-                request, max_questions=self.settings.max_questions, max_options=self.settings.max_options
-            )
-            check_media(request)
-            texts = render_state_texts(request, questions, self.settings.max_state_chars)
-            check_encodable(request, questions, texts)
-        except StructuredDecisionError as error:
-            raise APIError(400, str(error), param=error.param) from None
+        # A StructuredDecisionError is vLLM's 400 naming its param (clm_serve.http.errors).
+        questions = parse_questions(
+            request, max_questions=self.settings.max_questions, max_options=self.settings.max_options
+        )
+        check_media(request)
+        texts = render_state_texts(request, questions, self.settings.max_state_chars)
+        check_encodable(request, questions, texts)
 
         # Capture the heads ONCE: a swap during this request does not change what computes it.
         manager = runtime.registry.managers.get(model.served)

@@ -15,7 +15,7 @@ heads clearly, and an RL run should prefer the high-reward options. So:
   signal the noisy labels do not carry;
 * every record asks three questions, one of each family (disposition: choice,
   escalate: noul, severity: score), each drawn from the family's variants:
-  question ids with their own wording and option set (``clm.synthetic_families``).
+  question ids with their own wording and option set (``clm_devtools.synthetic_families``).
   Some variants are *held out*: the ``train`` split never asks them, every
   other split does, so reports can measure answers to questions never trained on.
 """
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clm.synthetic_families import (  # noqa: F401  (DISPOSITIONS, SEVERITY_LEVELS: re-exported)
+from clm_devtools.synthetic_families import (  # noqa: F401  (DISPOSITIONS, SEVERITY_LEVELS: re-exported)
     DISPOSITIONS,
     FAMILIES,
     OPTION_COUNTS,
@@ -112,7 +112,7 @@ def risk_score(alert: Alert) -> int:
 def clean_answers(alert: Alert) -> dict[str, int]:
     """The hidden rules: gold label index per question family (disposition, escalate: 1 = yes, severity level).
 
-    Every variant of a family (``clm.synthetic_families``) follows its family's rule.
+    Every variant of a family (``clm_devtools.synthetic_families``) follows its family's rule.
     """
     risk = risk_score(alert)
     disposition = 0 if risk <= 1 else 1 if risk <= 3 else 2
@@ -265,7 +265,7 @@ def write_soc_triage_splits(
     """Write ``<split>.jsonl`` per split; splits draw from independent streams and have disjoint ids.
 
     The ``train`` split never asks a held-out question variant; every other split may
-    (``clm.synthetic_families``): that is the documented seen / unseen split.
+    (``clm_devtools.synthetic_families``): that is the documented seen / unseen split.
     """
     out = Path(out_dir)
     written = {}

@@ -29,11 +29,11 @@ from pathlib import Path
 from clm.checkpoint import LATEST_FILE
 from clm.encoders.base import EncoderBackend
 
-from clm_serve.action_cache import SharedActionCache
-from clm_serve.engine import DecisionEngine
-from clm_serve.metrics import ServeMetrics
-from clm_serve.models import RAW_MODEL, ServedModel, ServedNames, aliases, resolve_model
-from clm_serve.reloader import HeadsManager, ReloadOutcome, cancel_all, pause
+from clm_serve.runtime.action_cache import SharedActionCache
+from clm_serve.runtime.engine import DecisionEngine
+from clm_serve.prometheus import ServeMetrics
+from clm_serve.runtime.names import RAW_MODEL, ServedModel, ServedNames, aliases, resolve_model
+from clm_serve.runtime.reloader import HeadsManager, ReloadOutcome, cancel_all, pause
 from clm_serve.settings import ServeSettings
 
 logger = logging.getLogger(__name__)

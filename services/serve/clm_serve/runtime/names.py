@@ -8,13 +8,14 @@ L2-normalised encoder vectors over the same texts). Here:
 * ``served_model_name`` (default ``clm-latest``) and each of
   ``served_model_aliases`` (default ``clm``, this service's earlier name) are
   the default heads;
-* every other served heads has its name (``clm_serve.registry`` says which:
+* every other served heads has its name (``clm_serve.runtime.registry`` says which:
   published names, ``ckpt_dir`` files, ``models`` entries);
 * ``clm-raw`` is always there;
 * a request without ``model`` (null or ``""`` too) is answered by the default heads;
-* any other name is vLLM's 404, listing the names.
+* any other name is :class:`UnknownModel` (vLLM's 404, listing the names: ``clm_serve.http.errors``).
 
-:func:`resolve_model` is the only place a name becomes a model.
+:func:`resolve_model` is the only place a name becomes a model. The ``/v1/models`` cards are
+``clm_serve.http.models``.
 """
 
 from __future__ import annotations
@@ -22,15 +23,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from clm.schema import RAW_SCALE  # noqa: F401  (re-exported: serving's scale of clm-raw)
-from clm_http.errors import APIError
-
 from clm_serve.settings import ServeSettings
 
 RAW_MODEL = "clm-raw"
-UPSTREAM_RELEASE = "2026-09-19"  # upstream's engine.RELEASE, the release_date of its model cards
-HEADS_DESCRIPTION = "Contrastive language model: Qwen3-8B encoder + trained projection heads"
-RAW_DESCRIPTION = "Ablation: cosine in the raw encoder embedding space, no projection head"
+
+
+class UnknownModel(LookupError):
+    """A request names no served model; ``names``: every name it may give (the message lists them)."""
+
+    param = "model"
+
+    def __init__(self, requested: str, names: list[str]) -> None:
+        super().__init__(f"The model `{requested}` does not exist. Valid aliases: {', '.join(names)}.")
+        self.requested = requested
+        self.names = names
 
 
 @dataclass(frozen=True)
@@ -74,25 +80,11 @@ class ServedNames:
 
 
 def resolve_model(names: ServedNames, requested: str | None) -> ServedModel:
-    """The model a request names; vLLM's 404 (``NotFoundError``, ``param: model``) for an unknown name."""
+    """The model a request names; :class:`UnknownModel` for an unknown name."""
     if not requested:
         return ServedModel(names.default, "heads", names.default)
     if requested == RAW_MODEL:
         return ServedModel(RAW_MODEL, "raw", RAW_MODEL)
     if (served := names.heads.get(requested)) is not None:
         return ServedModel(requested, "heads", served)
-    raise APIError(404, f"The model `{requested}` does not exist. Valid aliases: {', '.join(names.all_names())}.",
-                   param="model", err_type="NotFoundError")
-
-
-def model_cards(names: ServedNames, created_at: dict[str, str | None], files: dict[str, str]) -> list[dict[str, str]]:
-    """Upstream's ``/v1/models`` entries ``{name, release_date, description}``, in its order and words (a head
-    other than the default is "Projection-head checkpoint <its file>"); a head's date is its checkpoint's
-    creation day (upstream's release date when unknown)."""
-    def card(name: str) -> dict[str, str]:
-        if name == RAW_MODEL:
-            return {"name": name, "release_date": UPSTREAM_RELEASE, "description": RAW_DESCRIPTION}
-        description = HEADS_DESCRIPTION if name == names.default else f"Projection-head checkpoint {files[name]}"
-        return {"name": name, "release_date": (created_at.get(name) or "")[:10] or UPSTREAM_RELEASE,
-                "description": description}
-    return [card(name) for name in names.model_names()]
+    raise UnknownModel(requested, names.all_names())

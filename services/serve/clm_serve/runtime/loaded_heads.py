@@ -22,7 +22,7 @@ from clm.encoders.base import EncoderFingerprint
 from clm.heads import CLMHeadPair
 from clm.schema import tempered_logits
 
-from clm_serve.action_cache import ActionCache
+from clm_serve.runtime.action_cache import ActionCache
 
 _VERSION_DIR = re.compile(r"^v(\d{4,})$")
 

@@ -24,7 +24,7 @@ from fastapi import APIRouter, Request, Response
 
 from clm_http.errors import APIError
 
-PLAYGROUND_DIR = Path(__file__).resolve().parent / "playground"
+PLAYGROUND_DIR = Path(__file__).resolve().parent.parent / "playground"  # clm_serve/playground/ (package data)
 ASSET_PREFIX = "/playground/"
 
 _MEDIA_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",

@@ -6,7 +6,7 @@ per type: each record asks one question of each **family** (disposition:
 choice, escalate: noul, severity: score), drawn from the family's
 **variants**. A variant is a question id, its instructions and one of the
 family's **option sets** (the same options in other words). Every variant
-of a family follows the family's hidden rule (``clm.synthetic.clean_answers``):
+of a family follows the family's hidden rule (``clm_devtools.synthetic.clean_answers``):
 the variants are rewordings, so the right answer to an unseen variant is
 knowable from the trained ones, if the model reads the words.
 

@@ -1,6 +1,6 @@
 """Hot reload: find the heads to serve, load them off the request path, swap atomically.
 
-One ``HeadsManager`` per served model (``clm_serve.registry`` opens them).
+One ``HeadsManager`` per served model (``clm_serve.runtime.registry`` opens them).
 Sources of a reload: start-up, the ``latest`` pointer changing (watchfiles,
 with a polling loop as a fallback for filesystems that deliver no events,
 such as NFS or some container volumes), a fixed file changing (polled: size
@@ -44,10 +44,10 @@ from typing import Literal
 from clm.checkpoint import LATEST_FILE, PT_FILE, CheckpointError, read_option_texts, resolve_latest
 from clm.encoders.base import EncoderBackend, EncoderError
 
-from clm_serve.action_cache import SharedActionCache
-from clm_serve.engine import DecisionEngine
-from clm_serve.loaded_heads import HeadsRefused, LoadedHeads, load_heads
-from clm_serve.metrics import ServeMetrics
+from clm_serve.runtime.action_cache import SharedActionCache
+from clm_serve.runtime.engine import DecisionEngine
+from clm_serve.runtime.loaded_heads import HeadsRefused, LoadedHeads, load_heads
+from clm_serve.prometheus import ServeMetrics
 from clm_serve.question_types import StructuredDecisionError, build_question
 from clm_serve.settings import ServeSettings
 

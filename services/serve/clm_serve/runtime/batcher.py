@@ -21,7 +21,7 @@ import torch
 
 from clm.microbatch import MicroBatcher
 
-from clm_serve.loaded_heads import LoadedHeads
+from clm_serve.runtime.loaded_heads import LoadedHeads
 
 T = TypeVar("T")
 

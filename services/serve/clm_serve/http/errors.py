@@ -1,0 +1,73 @@
+"""Where clm-serve's typed errors become HTTP answers: the one table of status codes of this service.
+
+The runtime and the question types raise errors that know no HTTP; this module maps them, on top of
+``clm_http.errors`` (vLLM's error body; a core error's status from its kind, ``clm.errors.KIND_OUTCOMES``):
+
+* :class:`~clm_serve.runtime.names.UnknownModel` -> 404 ``NotFoundError``, ``param: model`` (vLLM's);
+* :class:`~clm_serve.question_types.StructuredDecisionError` -> 400 naming its ``param`` (vLLM's
+  ``BadRequestError``);
+* every error body also carries ``detail``, the message upstream contrastive-lm's client reads.
+
+Conditions only a route can word (no heads loaded yet: 503 naming the model, admin reload's 404/409)
+are raised where they are found as ``clm_http.errors.APIError``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from clm_http.errors import error_response, install_error_handlers
+
+from clm_serve.question_types import StructuredDecisionError
+from clm_serve.runtime.names import UnknownModel
+
+# The 401 of a missing or wrong API key, read by both kinds of clients: vLLM's error object (``error``) and
+# upstream contrastive-lm's message (``detail``, what its CLMClient shows), worded as upstream's.
+UNAUTHORIZED = {"error": {"message": "invalid API key", "type": "Unauthorized", "param": None, "code": 401},
+                "detail": "invalid API key"}
+
+
+def install_serve_error_handlers(app: FastAPI) -> None:
+    """vLLM's error bodies (invalid requests answered 400, as vLLM does), this service's typed errors, and
+    ``detail`` on every error body."""
+    install_error_handlers(app, validation_status=400)
+
+    @app.exception_handler(UnknownModel)
+    async def _unknown_model(_: Request, exc: UnknownModel) -> JSONResponse:
+        return error_response(404, str(exc), param=exc.param, err_type="NotFoundError")
+
+    @app.exception_handler(StructuredDecisionError)
+    async def _bad_request(_: Request, exc: StructuredDecisionError) -> JSONResponse:
+        return error_response(400, str(exc), param=exc.param)
+
+    add_error_detail(app)  # last: it wraps every handler installed above
+
+
+def add_error_detail(app: FastAPI) -> None:
+    """Every error body of the app's exception handlers also carries ``detail``: the message, which is what
+    upstream contrastive-lm's CLMClient reads (``r.json().get("detail", r.text)``); vLLM clients read ``error``."""
+    for key, handler in list(app.exception_handlers.items()):
+        app.exception_handlers[key] = _with_detail(handler)
+
+
+def _with_detail(handler):
+    async def wrapped(request, exc):
+        response = handler(request, exc)
+        if inspect.isawaitable(response):
+            response = await response
+        if isinstance(response, JSONResponse) and response.status_code >= 400:
+            try:
+                body = json.loads(response.body)
+            except ValueError:
+                return response
+            message = body.get("error", {}).get("message") if isinstance(body, dict) else None
+            if isinstance(message, str) and "detail" not in body:
+                headers = {k: v for k, v in response.headers.items()
+                           if k.lower() not in ("content-length", "content-type")}
+                return JSONResponse({**body, "detail": message}, status_code=response.status_code, headers=headers)
+        return response
+    return wrapped
