@@ -42,8 +42,11 @@ class S3Store:
     def get(self, key: str) -> Blob:
         import obstore  # noqa: PLC0415
 
-        result = self._call(key, lambda: obstore.get(self._store, check_key(key)))
-        return Blob(bytes(result.bytes()), result.meta["e_tag"] or "")
+        def fetch() -> Blob:  # the body is read inside _call too: a connection lost mid-body is an outage
+            result = obstore.get(self._store, check_key(key))
+            return Blob(bytes(result.bytes()), result.meta["e_tag"] or "")
+
+        return self._call(key, fetch)
 
     def head(self, key: str) -> str | None:
         import obstore  # noqa: PLC0415
