@@ -82,6 +82,11 @@ class HeldServer:
         with self.lock:
             assert self.lock.wait_for(lambda: self.received >= count, 30), f"{self.received} of {count} received"
 
+    def wait_answered(self, count: int) -> None:
+        # The handler counts an answer after writing it, so the client may read it first: wait for the count.
+        with self.lock:
+            assert self.lock.wait_for(lambda: self.answered >= count, 30), f"{self.answered} of {count} answered"
+
 
 @pytest.fixture()
 def server():
@@ -107,7 +112,8 @@ def test_a_failed_batch_fails_the_call_lets_the_in_flight_ones_finish_and_sends_
         server.release.set()
         with pytest.raises(EncoderError, match="failed 1 attempts to embed 8 inputs"):
             await call
-        assert (server.received, server.answered) == (3, 2)  # nothing sent after the failure; none cut off
+        await asyncio.to_thread(server.wait_answered, 2)  # none cut off: both held requests were answered
+        assert (server.received, server.answered) == (3, 2)  # nothing sent after the failure
         await client.aclose()
 
     asyncio.run(scenario())
