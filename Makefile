@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 PYTEST := .venv/bin/pytest
 
-.PHONY: setup lock test test-compose lint-deploy test-fast test-faults demo bench-loss bench-embedder bench-trainer bench-serve bench-scale clean
+.PHONY: setup lock test test-compose lint-deploy test-fast test-faults demo bench-loss bench-embedder bench-trainer bench-serve bench-scale bench-fleet clean
 
 setup:
 	bash scripts/setup.sh
@@ -16,7 +16,7 @@ test:
 test-compose:  ## the CPU compose stack built and run for real (scripts/compose/run_stack_test.py)
 	$(PY) scripts/compose/run_stack_test.py
 
-lint-deploy:  ## the deployment linter: rules over docker/, docker-compose.yml, k8s/ (clm_devtools.deploy_lint)
+lint-deploy:  ## the deployment linter: rules over docker/, docker-compose*.yml, k8s/ (k8s/object-store too) (clm_devtools.deploy_lint)
 	$(PY) -m clm_devtools.deploy_lint
 
 test-fast:  ## unit tests only (no vLLM server)
@@ -42,6 +42,9 @@ bench-serve:
 
 bench-scale:  ## the data path at 10^4..10^6 records (load, texts, table, training, eval, RssAnon); ~3-6 min
 	$(PY) bench/bench_scale.py
+
+bench-fleet:  ## one job's embedding rate through the embedder over the raw rate of 2 vLLM-CPU replicas; ~3-4 min
+	$(PY) bench/bench_fleet.py
 
 clean:
 	rm -rf var .pytest_cache .hypothesis

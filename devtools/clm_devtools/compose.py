@@ -26,7 +26,13 @@ from pathlib import Path
 from clm_devtools.procs import wait_until
 
 from clm_devtools.paths import REPO_ROOT
-COMPOSE_FILES = ("docker-compose.yml", "docker-compose.cpu.yml")
+# The compose files of each stack `make test-compose` can run (CLM_COMPOSE_VARIANT): the CPU stack with
+# checkpoints, reports, records and the shared embedding tier in SeaweedFS's bucket (s3), or on the
+# shared clm-data volume (posix).
+COMPOSE_VARIANTS = {
+    "s3": ("docker-compose.yml", "docker-compose.cpu.yml", "docker-compose.s3.yml"),
+    "posix": ("docker-compose.yml", "docker-compose.cpu.yml"),
+}
 LOCAL_PYTHON_IMAGE = "clm-local/debian-python:3.11-bookworm"
 LOCAL_REDIS_IMAGE = "clm-local/debian-redis:bookworm"
 CPU_TORCH_WHEEL_PREFIX = "torch-2.13.0+cpu-"
@@ -200,21 +206,39 @@ class PrivateDockerd:
         shutil.rmtree(self.runtime_dir, ignore_errors=True)
 
 
-class ComposeStack:
-    """`docker compose -f docker-compose.yml -f docker-compose.cpu.yml ...` on the private daemon."""
+def compose_files(variant: str) -> tuple[str, ...]:
+    """The ``-f`` files of ``variant`` (a key of COMPOSE_VARIANTS); a ValueError naming the choices otherwise."""
+    if variant not in COMPOSE_VARIANTS:
+        raise ValueError(f"CLM_COMPOSE_VARIANT={variant!r}: expected one of {', '.join(COMPOSE_VARIANTS)}")
+    return COMPOSE_VARIANTS[variant]
 
-    def __init__(self, daemon: PrivateDockerd, variables: dict[str, str]) -> None:
-        self.daemon, self.variables = daemon, variables
+
+class ComposeStack:
+    """`docker compose -f docker-compose.yml -f docker-compose.cpu.yml [-f docker-compose.s3.yml] ...` on the
+    private daemon."""
+
+    def __init__(self, daemon: PrivateDockerd, variables: dict[str, str],
+                 files: tuple[str, ...] = COMPOSE_VARIANTS["s3"]) -> None:
+        self.daemon, self.variables, self.files = daemon, variables, files
 
     def env(self) -> dict[str, str]:
         return self.daemon.env(self.variables)
 
     def compose(self, *args: str, timeout: float = 900, check: bool = True, capture: bool = True):
-        cmd = ["docker", "compose"] + [a for f in COMPOSE_FILES for a in ("-f", f)] + list(args)
+        cmd = ["docker", "compose"] + [a for f in self.files for a in ("-f", f)] + list(args)
         return run(cmd, env=self.env(), timeout=timeout, check=check, capture=capture)
 
     def docker(self, *args: str, timeout: float = 300, check: bool = True):
         return run(["docker", *args], env=self.env(), timeout=timeout, check=check)
+
+    def exec_python(self, service: str, code: str, *args: str, timeout: float = 120) -> str:
+        """``python -c code args`` in a running container of ``service`` (the image's own Python, project
+        and environment: e.g. clm.storage with the AWS_* variables); the last line it prints."""
+        running = [c for c in self.containers() if c["Service"] == service and c["State"] == "running"]
+        if not running:
+            raise RuntimeError(f"no running {service} container to run python in")
+        output = self.docker("exec", running[0]["ID"], "python", "-c", code, *args, timeout=timeout).stdout
+        return output.strip().splitlines()[-1] if output.strip() else ""
 
     def import_base_images(self, rootfs_tar: str) -> None:
         """The debootstrap root file system as the Python base and the Redis image (one image, two names)."""

@@ -52,7 +52,7 @@ class SeaweedS3:
             "master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port", "filer.port.grpc",
             "s3.port.grpc", "admin.port", "admin.port.grpc")}
         return [weed_binary(), "mini", f"-dir={self.data_dir / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-                "-webdav=false", "-admin.ui=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
+                "-webdav=false", "-admin.ui=false", "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.telemetry=false",
                 f"-s3.port={self.s3_port}", f"-s3.config={config}", f"-bucket={self.bucket}",
                 "-master.volumeSizeLimitMB=32",
                 *(f"-{name}={port}" for name, port in ports.items())]
@@ -76,6 +76,11 @@ class SeaweedS3:
             return True
         except Exception:  # noqa: BLE001  (obstore raises its own error types while the gateway starts)
             return False
+
+    def aws_env(self) -> dict[str, str]:
+        """The standard variables every CLM service opens ``s3://`` locations with (``clm.storage.S3Store``)."""
+        return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+                "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_REGION": REGION}
 
     def store(self, prefix: str = ""):
         """An ``obstore.store.S3Store`` on the bucket (path-style, plain HTTP, this server's keys)."""

@@ -1,25 +1,34 @@
-"""`make test-compose`: the CPU compose stack, built and started for real, a job end to end.
+"""`make test-compose`: the CPU compose stack, built and started for real, a job end to end; by default
+on the object store (docker-compose.s3.yml: checkpoints, reports, records and the shared embedding tier
+in SeaweedFS), with CLM_COMPOSE_VARIANT=posix on the shared clm-data volume instead.
 
     .venv/bin/python scripts/compose/run_stack_test.py     (what `make test-compose` runs)
 
 Steps, each an assertion (the first failure stops the run, exit 1):
   prepare   engine, Compose v2 and a base image when the machine lacks them (prepare.sh)
-  build     every image of docker-compose.yml + docker-compose.cpu.yml on a private dockerd
+  build     every image of docker-compose.yml + docker-compose.cpu.yml (+ docker-compose.s3.yml) on a
+            private dockerd
   up        `up -d --wait`: every service healthy, in dependency order
-  jobs      POST /jobs InfoNCE (when no heads are served) then SFT on the bundled records;
+  jobs      POST /jobs InfoNCE (when no heads are served) then SFT on the bundled records (s3: the
+            InfoNCE job reads them from the bucket, s3://clm/data/..., put there from the trainer-api
+            container, and SFT starts from its checkpoint, an s3://clm/checkpoints/... location);
             follow GET /jobs/<id>/events to `succeeded`; GET the report (JSON and HTML)
+  bucket    (s3) the checkpoints (`latest` and the SFT version's files) and the SFT job's report are in
+            the bucket, listed through clm.storage from the trainer-api container (which mounts no
+            volume, so GET /jobs/<id>/report was answered from the bucket too)
   serve     GET /v1/heads shows the new version; POST /v1/systemone answers with it
   scale     `up -d --scale trainer-worker=2`; a second job succeeds
   users     every CLM container (and vllm-cpu) runs as uid 10001; only 8002 and 8003 are published
   metrics   each trainer worker's /metrics (port 9102) answers across the compose network, from the
             trainer-api container; together the workers count the jobs that succeeded
   redis     `restart redis` loses no job (AOF)
-  volumes   `down` then `up`: the jobs, the served heads and the caches survive; the same
-            SFT job again embeds 0 texts
+  volumes   `down` then `up`: the jobs, the served heads (volume or bucket) and the caches survive;
+            the same SFT job again embeds 0 texts
 Only published ports and the containers' own commands are used. The last stdout
 line is one JSON object (build_seconds, up_seconds, job_seconds, heads_version_served,
 texts_embedded_rerun, ...). Whatever happens, the containers and the daemon this run
 started are stopped (finally + SIGTERM/SIGINT handlers). Environment:
+CLM_COMPOSE_VARIANT (s3, the default, or posix),
 CLM_COMPOSE_WORK (default var/compose: tools, base root fs, the daemon's data root),
 CLM_COMPOSE_STORAGE_DRIVER (auto: overlay2 where an overlay mounts there, else vfs; or either by name),
 CLM_COMPOSE_MIN_FREE_GB (the free disk the run refuses to start below; default per driver, measured).
@@ -43,13 +52,25 @@ import httpx
 
 from clm_devtools.compose import (
     LOCAL_PYTHON_IMAGE, LOCAL_REDIS_IMAGE, REPO_ROOT, ComposeStack, PrivateDockerd, build_inputs,
-    choose_storage_driver, log, prepare,
+    choose_storage_driver, compose_files, log, prepare,
 )
 from clm_devtools.procs import http_ok, wait_until
 
 DATA = "/srv/clm/data/examples/data/soc_triage"  # the bundled records, inside the image's data volume
 HEADS_NAME = "soc-triage"  # docker-compose.yml's CLM_SERVE_HEADS_NAME default
-CLM_SERVICES = ("embedder", "trainer-api", "trainer-worker", "clm-serve", "vllm")
+VARIANT = os.environ.get("CLM_COMPOSE_VARIANT", "s3")  # s3 | posix (clm_devtools.compose.COMPOSE_VARIANTS)
+ON_BUCKET = VARIANT == "s3"
+# docker-compose.s3.yml's locations (CLM_S3_BUCKET's default): where the object-store stack keeps things.
+BUCKET = "s3://clm"
+CHECKPOINTS, REPORTS, RECORDS = f"{BUCKET}/checkpoints", f"{BUCKET}/reports", f"{BUCKET}/data/soc_triage"
+CLM_SERVICES = ("embedder", "trainer-api", "trainer-worker", "clm-serve", "vllm") + (("seaweedfs",) if ON_BUCKET else ())
+# Run with `python -c` inside a CLM container (its project and AWS_* variables): a store's keys as JSON.
+LIST_STORE = ("import json, sys; from clm.storage import open_store; "
+              "print(json.dumps(sorted(open_store(sys.argv[1]).list(sys.argv[2]))))")
+# ... and: put every *.jsonl of a folder into a store, listing what is there after.
+PUT_RECORDS = ("import json, pathlib, sys; from clm.storage import open_store; store = open_store(sys.argv[1]); "
+               "[store.put(p.name, p.read_bytes()) for p in sorted(pathlib.Path(sys.argv[2]).glob('*.jsonl'))]; "
+               "print(json.dumps(sorted(store.list())))")
 JOB_TIMEOUT_S = 900
 STORAGE_DRIVER = os.environ.get("CLM_COMPOSE_STORAGE_DRIVER", "auto")  # auto | overlay2 | vfs
 # What the run needs on disk, measured (README, "make test-compose"): overlay2 shares image layers
@@ -95,10 +116,10 @@ class StackTest:
 
     # ---- jobs through the trainer API --------------------------------------------------------
 
-    def job_config(self, loss: str, init: str | None = None, mode: str = "train") -> dict:
+    def job_config(self, loss: str, init: str | None = None, mode: str = "train", records: str = DATA) -> dict:
         config = {
             "mode": mode,
-            "data": {split: f"{DATA}/{split}.jsonl" for split in ("train", "validation", "test")},
+            "data": {split: f"{records}/{split}.jsonl" for split in ("train", "validation", "test")},
             "encoder": {"backend": "embedder", "batch_size": 128, "concurrency": 2},
             "heads": {"config": {"width": 128, "projection_dim": 64}, "seed": 0},
             "loss": {"mode": loss},
@@ -201,6 +222,33 @@ class StackTest:
         assert succeeded >= 1, f"the workers' /metrics count {succeeded} succeeded jobs after the eval job"
         self.figures["worker_metrics_jobs_succeeded"] = succeeded
 
+    # ---- the object store (docker-compose.s3.yml) ---------------------------------------------
+
+    def in_bucket(self, location: str, prefix: str = "") -> list[str]:
+        """The keys under ``prefix`` of ``location``, listed through clm.storage in the trainer-api container."""
+        return json.loads(self.stack.exec_python("trainer-api", LIST_STORE, location, prefix))
+
+    def put_records(self) -> str:
+        """The bundled records into the bucket (where CLM_TRAINER_DATA_STORES lets jobs read them); their URL."""
+        keys = json.loads(self.stack.exec_python("trainer-api", PUT_RECORDS, RECORDS, DATA))
+        assert {"train.jsonl", "validation.jsonl", "test.jsonl"} <= set(keys), f"{RECORDS} holds {keys}"
+        return RECORDS
+
+    def check_bucket(self, job: dict, version: int) -> None:
+        """The published heads and the job's report are objects of the bucket, not files of a volume."""
+        checkpoint = job["result"]["checkpoint"]["path"]
+        assert str(checkpoint).startswith(f"{CHECKPOINTS}/{HEADS_NAME}/"), f"the checkpoint is at {checkpoint}"
+        heads = self.in_bucket(CHECKPOINTS, f"{HEADS_NAME}/")
+        label = f"{HEADS_NAME}/v{version:04d}/"
+        assert f"{HEADS_NAME}/latest" in heads, f"no {HEADS_NAME}/latest in {CHECKPOINTS}: {heads}"
+        assert any(key.startswith(label) for key in heads), f"no {label} in {CHECKPOINTS}: {heads}"
+        report = self.in_bucket(REPORTS, f"{job['id']}/")
+        for name in ("report.json", "report.html"):
+            assert f"{job['id']}/{name}" in report, f"no {job['id']}/{name} in {REPORTS}: {report}"
+        self.figures |= {"bucket_heads_objects": len(heads), "bucket_report_objects": len(report)}
+        log(f"in the bucket: {len(heads)} objects under {CHECKPOINTS}/{HEADS_NAME}/, "
+            f"{len(report)} under {REPORTS}/{job['id']}/")
+
     def wait_trainer(self, timeout_s: float = 120) -> None:
         wait_until(lambda: http_ok(f"{self.trainer}/jobs", timeout=5), timeout_s, interval=1,
                    what="the trainer API to list jobs")
@@ -215,14 +263,17 @@ class StackTest:
 
         init = None
         if self.served_version() is None:
-            infonce = self.run_job("infonce", self.job_config("infonce"))
-            init = infonce["result"]["checkpoint"]["path"]
+            records = self.put_records() if ON_BUCKET else DATA  # s3: records by URL (CLM_TRAINER_DATA_STORES)
+            infonce = self.run_job("infonce", self.job_config("infonce", records=records))
+            init = infonce["result"]["checkpoint"]["path"]  # s3: s3://clm/checkpoints/soc-triage/v0001
         started = time.monotonic()
         sft = self.run_job("sft", self.job_config("sft", init))
         self.figures["job_seconds"] = round(time.monotonic() - started, 1)
         self.figures["texts_embedded_sft"] = sft["result"]["texts_embedded"]
         self.check_report(sft)
         version = version_number(sft["result"]["checkpoint"]["version"])
+        if ON_BUCKET:
+            self.check_bucket(sft, version)
         self.figures["heads_version_served"] = self.wait_served(version)
         self.ask_systemone(version)
 
@@ -241,7 +292,7 @@ class StackTest:
         self.stack.compose("down", timeout=300)
         self.stack.compose("up", "-d", "--wait", "--wait-timeout", "600", timeout=700)
         assert self.jobs_listed() == before, "jobs lost across down/up"
-        self.wait_served(version)  # the published heads survived down/up in the clm-data volume
+        self.wait_served(version)  # the published heads survived down/up (in the bucket's volume, or clm-data)
         rerun = self.run_job("sft-rerun", self.job_config("sft", init))
         self.figures["texts_embedded_rerun"] = rerun["result"]["texts_embedded"]
         assert rerun["result"]["texts_embedded"] == 0, f"rerun embedded {rerun['result']['texts_embedded']} texts"
@@ -261,7 +312,10 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     ok = False
+    figures["variant"] = VARIANT
     try:
+        files = compose_files(VARIANT)
+        log(f"variant {VARIANT}: {' '.join(files)}")
         started = time.monotonic()
         tools = prepare(work)
         figures["prepare_seconds"] = round(time.monotonic() - started, 1)
@@ -278,7 +332,7 @@ def main() -> int:
                      **build_inputs(work / "build-inputs")}
         if tools.get("ROOTFS_TAR"):
             variables |= {"CLM_PYTHON_IMAGE": LOCAL_PYTHON_IMAGE, "CLM_REDIS_IMAGE": LOCAL_REDIS_IMAGE}
-        stack = ComposeStack(daemon, variables)
+        stack = ComposeStack(daemon, variables, files)
         if tools.get("ROOTFS_TAR"):
             stack.import_base_images(tools["ROOTFS_TAR"])
         stack.compose("down", "--volumes", "--remove-orphans", timeout=300)  # a clean start, also after a crash

@@ -15,7 +15,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
 
 from clm_devtools.deploy_lint import parse
 from clm_devtools.deploy_lint.parse import compose_command, compose_env, flag_value, resolve
@@ -40,26 +39,9 @@ VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 CLM_WORKLOADS = ("embedder", "trainer-api", "trainer-worker", "clm-serve")
 
 
-class ComposeLoader(yaml.SafeLoader):
-    """YAML with Compose's merge tags: `!reset` (drop the base value) and `!override` (replace it)."""
-
-
-def _tagged(tag: str):
-    def construct(loader: yaml.SafeLoader, node: yaml.Node) -> dict:
-        if isinstance(node, yaml.SequenceNode):
-            return {tag: loader.construct_sequence(node, deep=True)}
-        if isinstance(node, yaml.MappingNode):
-            return {tag: loader.construct_mapping(node, deep=True)}
-        return {tag: loader.construct_scalar(node) or None}
-    return construct
-
-
-ComposeLoader.add_constructor("!reset", _tagged("!reset"))
-ComposeLoader.add_constructor("!override", _tagged("!override"))
-
-
 def load_compose(path: Path) -> dict:
-    return yaml.load(path.read_text(), Loader=ComposeLoader)
+    """The file with Compose's `!reset` / `!override` tags read as {"!reset": value} / {"!override": value}."""
+    return parse.load_compose(path.read_text())
 
 
 def unwrap(value):

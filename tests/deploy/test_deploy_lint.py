@@ -19,7 +19,8 @@ from clm_embedder.settings import EmbedderSettings
 from clm_serve.settings import ServeSettings
 from clm_trainer.settings import TrainerSettings
 
-DEPLOY_FILES = ("docker-compose.yml", ".dockerignore", "pyproject.toml", "docker", "k8s")
+DEPLOY_FILES = ("docker-compose.yml", "docker-compose.cpu.yml", "docker-compose.s3.yml", ".dockerignore",
+                "pyproject.toml", "docker", "k8s")
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +62,10 @@ def test_the_command_reports_a_broken_copy_and_passes_a_clean_one(tmp_path, caps
         "docker-compose.yml: [compose-urls] services.embedder.environment.CLM_EMBEDDER_VLLM_URL: http://vlm:8000 "
         "names host 'vlm', which is not a defined service "
         "(['clm-serve', 'embedder', 'redis', 'trainer-api', 'trainer-worker', 'vllm'])",
+        # the object-store variant has it too (one service more): reported on its file
+        "docker-compose.s3.yml: [compose-urls] services.embedder.environment.CLM_EMBEDDER_VLLM_URL: http://vlm:8000 "
+        "names host 'vlm', which is not a defined service "
+        "(['clm-serve', 'embedder', 'redis', 'seaweedfs', 'trainer-api', 'trainer-worker', 'vllm'])",
         "docker-compose.yml: [compose-production-services] services.embedder.environment.CLM_EMBEDDER_VLLM_URL="
         "'http://vlm:8000', expected 'http://vllm:8000'",
     ]

@@ -13,6 +13,7 @@ from clm_devtools.deploy_lint import RULES, DeployFiles, load
 from clm_devtools.paths import REPO_ROOT
 
 COMPOSE, DOCKERFILE, DOCKERIGNORE = "docker-compose.yml", "docker/Dockerfile", ".dockerignore"
+S3 = "docker-compose.s3.yml"
 CONFIG, REDIS, VLLM, EMBEDDER, TRAINER, SERVE = (
     f"k8s/{name}.yaml" for name in ("10-config", "30-redis", "40-vllm", "50-embedder", "60-trainer", "70-serve"))
 CASES: list = []
@@ -194,6 +195,85 @@ def builds_elsewhere(files):
     svc(files, "trainer-api")["command"] = ["clm-trainr", "api"]
 
 
+# --------------------------------------------------------------------------- docker-compose.s3.yml (onto docker-compose.yml)
+
+
+def s3_svc(files: DeployFiles, name: str) -> dict:
+    """A service of the object-store override, un-shared from the YAML anchors it was built from."""
+    services = files.compose_overrides[S3]["services"]
+    services[name] = copy.deepcopy(services[name])
+    return services[name]
+
+
+@case("compose-urls", S3, "services.trainer-worker.environment.AWS_ENDPOINT_URL: http://seaweedfs:9000 uses port 9000, "
+      "but seaweedfs exposes [8333]")
+def s3_endpoint_on_another_port(files):
+    s3_svc(files, "trainer-worker")["environment"]["AWS_ENDPOINT_URL"] = "http://seaweedfs:9000"
+
+
+@case("compose-volumes", S3, "volumes: 'ghost' is declared but no service mounts it",
+      "services.clm-serve.volumes: named volume 'heads' is not declared", absent=("'hf-cache'",))
+def s3_volumes(files):
+    files.compose_overrides[S3]["volumes"]["ghost"] = {}
+    s3_svc(files, "clm-serve")["volumes"] = ["heads:/srv/clm"]
+
+
+@case("compose-healthchecks", S3, "services.seaweedfs.healthcheck: checks port 8333, exposes [9000]")
+def seaweedfs_checked_elsewhere(files):
+    s3_svc(files, "seaweedfs")["expose"] = ["9000"]
+
+
+@case("compose-depends-on", S3, "services.embedder.depends_on: seaweedfs must be healthy but has no healthcheck")
+def seaweedfs_without_healthcheck(files):
+    s3_svc(files, "seaweedfs")["healthcheck"] = {"disable": True}
+
+
+@case("compose-settings", S3, "services.trainer-api: TrainerSettings rejects its environment")
+def s3_bad_location(files):
+    s3_svc(files, "trainer-api")["environment"]["CLM_TRAINER_DATA_STORES"] = "https://clm/data"
+
+
+@case("compose-builds-from-dockerfile", S3, "services.seaweedfs.build: target 'seaweed' not in docker/Dockerfile")
+def seaweedfs_target_missing(files):
+    s3_svc(files, "seaweedfs")["build"]["target"] = "seaweed"
+
+
+@case("compose-object-store", S3, "services.clm-serve.environment.CLM_SERVE_CHECKPOINT_ROOT='s3://clm/heads', but the "
+      "trainer publishes into 's3://clm/checkpoints'", "services.clm-serve.volumes: still mounts clm-data",
+      "services.embedder.environment.AWS_SECRET_ACCESS_KEY: not the key pair seaweedfs is started with",
+      "services.trainer-api.depends_on: seaweedfs (service_healthy) is missing",
+      "services.trainer-worker.environment.CLM_TRAINER_REPORT_STORE='s3://other/reports' is not in the bucket",
+      "services.trainer-worker.environment: no AWS_REGION",
+      "services.embedder.environment.AWS_ENDPOINT_URL='http://minio:9000' is not the seaweedfs service")
+def services_off_the_store(files):
+    serve = s3_svc(files, "clm-serve")
+    serve["environment"]["CLM_SERVE_CHECKPOINT_ROOT"] = "s3://clm/heads"
+    serve.pop("volumes")  # the base file's clm-data mount comes back
+    s3_svc(files, "embedder")["environment"].update(AWS_SECRET_ACCESS_KEY="another", AWS_ENDPOINT_URL="http://minio:9000")
+    s3_svc(files, "trainer-api").pop("depends_on")
+    worker = s3_svc(files, "trainer-worker")["environment"]
+    worker["CLM_TRAINER_REPORT_STORE"] = "s3://other/reports"
+    worker.pop("AWS_REGION")
+
+
+@case("compose-object-store", S3, "services.seaweedfs.ports: the object store is published on the host",
+      "services.seaweedfs.volumes: no named volume on its data folder /data",
+      "services.seaweedfs.healthcheck: not `healthcheck.py http ... /healthz`",
+      "services.seaweedfs.environment.AWS_SECRET_ACCESS_KEY: empty or with a character docker/seaweedfs-start.sh refuses")
+def seaweedfs_misconfigured(files):
+    store = s3_svc(files, "seaweedfs")
+    store.update(ports=["8333:8333"], volumes=[])
+    store["healthcheck"]["test"] = ["CMD", "python", "/opt/clm/healthcheck.py", "http", "CLM_S3_PORT", "8333", "/"]
+    store["environment"]["AWS_SECRET_ACCESS_KEY"] = 'with "quotes"'
+    for name in ("embedder", "trainer-api", "trainer-worker", "clm-serve"):  # the same pair everywhere
+        s3_svc(files, name)["environment"]["AWS_SECRET_ACCESS_KEY"] = 'with "quotes"'
+
+
+@case("compose-object-store", S3, "docker-compose.s3.yml is missing")
+def no_object_store_variant(files):
+    del files.compose_overrides[S3]
+
+
 # --------------------------------------------------------------------------- k8s/
 
 
@@ -343,6 +423,75 @@ def k8s_metrics_ports(files):
     headless["ports"][0]["port"] = 9103
 
 
+# --------------------------------------------------------------------------- k8s/Kustomization, k8s/object-store
+
+OBJECT_STORE = "k8s/object-store"
+
+
+def os_doc(files: DeployFiles, kind: str, name: str) -> dict:
+    """A document of the k8s/object-store Component (a patch or a resource)."""
+    return next(m.doc for m in files.k8s_object_store if m.key == (kind, name))
+
+
+def os_container(files: DeployFiles, name: str) -> dict:
+    return os_doc(files, "Deployment", name)["spec"]["template"]["spec"]["containers"][0]
+
+
+@case("k8s-kustomize-base", "k8s/Kustomization", "resources ['00-namespace.yaml'")
+def base_misses_a_manifest(files):
+    files.k8s_base["resources"].remove("70-serve.yaml")
+
+
+@case("k8s-kustomize-base", "k8s/Kustomization", "k8s/Kustomization is missing")
+def no_base(files):
+    files.k8s_base = {}
+
+
+@case("k8s-object-store", f"{OBJECT_STORE}/kustomization.yaml", "no patch deletes PersistentVolumeClaim/clm-data",
+      "applies secret.example.yaml", "ghost.yaml does not exist")
+def claim_kept_and_secret_applied(files):
+    files.k8s_object_store = [m for m in files.k8s_object_store if m.key != ("PersistentVolumeClaim", "clm-data")]
+    os_doc(files, "Component", "")["resources"] += ["secret.example.yaml", "ghost.yaml"]
+
+
+@case("k8s-object-store", f"{OBJECT_STORE}/workloads.yaml",
+      "Deployment/clm-serve: volume clm-data (claim clm-data) is not deleted",
+      "Deployment/trainer-worker/trainer-worker: the mount of clm-data at /srv/clm is not deleted",
+      "patches Deployment/trainer-wrker, which k8s/ does not define")
+def claim_still_mounted(files):
+    serve = os_doc(files, "Deployment", "clm-serve")["spec"]["template"]["spec"]
+    serve["volumes"] = [v for v in serve["volumes"] if v["name"] != "clm-data"]
+    worker = os_container(files, "trainer-worker")
+    worker["volumeMounts"] = [m for m in worker["volumeMounts"] if m.get("$patch") != "delete"]
+    os_doc(files, "Deployment", "trainer-api")["metadata"]["name"] = "trainer-wrker"
+
+
+@case("k8s-object-store", f"{OBJECT_STORE}/workloads.yaml",
+      "Deployment/embedder/embedder: env AWS_SECRET_ACCESS_KEY: secretKeyRef clm-object-store/SECRET is not in "
+      "k8s/object-store/secret.example.yaml", "Deployment/trainer-api/trainer-api: env AWS_ACCESS_KEY_ID is not taken "
+      "from a Secret", "Deployment/clm-serve/clm-serve: env AWS_REGION is not set",
+      "Deployment/trainer-worker/trainer-worker: env AWS_ENDPOINT_URL: configMapKeyRef clm-object-store/ENDPOINT is not "
+      "in the Component's ConfigMaps")
+def store_env_wrong(files):
+    env = {c: {e["name"]: e for e in os_container(files, c)["env"]} for c in ("embedder", "trainer-api", "trainer-worker")}
+    env["embedder"]["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"]["key"] = "SECRET"
+    env["trainer-api"]["AWS_ACCESS_KEY_ID"].update(value="AKIA", valueFrom={})
+    env["trainer-worker"]["AWS_ENDPOINT_URL"]["valueFrom"]["configMapKeyRef"]["key"] = "ENDPOINT"
+    serve = os_container(files, "clm-serve")
+    serve["env"] = [e for e in serve["env"] if e["name"] != "AWS_REGION"]
+
+
+@case("k8s-object-store", f"{OBJECT_STORE}/config.yaml",
+      "ConfigMap/serve-config.CLM_SERVE_CHECKPOINT_ROOT='s3://other/checkpoints', but the trainer publishes into "
+      "'s3://clm/checkpoints'", "the locations name several buckets ['clm', 'other']",
+      "ConfigMap/trainer-config: TrainerSettings rejects it", "ConfigMap/embedder-config.CLM_EMBEDDER_SHARED_STORE is "
+      "not a field of EmbedderSettings")
+def locations_wrong(files):
+    os_doc(files, "ConfigMap", "serve-config")["data"]["CLM_SERVE_CHECKPOINT_ROOT"] = "s3://other/checkpoints"
+    os_doc(files, "ConfigMap", "trainer-config")["data"]["CLM_TRAINER_REPORT_STORE"] = "ftp://clm/reports"
+    os_doc(files, "ConfigMap", "embedder-config")["data"]["CLM_EMBEDDER_SHARED_STORE"] = "s3://clm/embeddings"
+
+
 # --------------------------------------------------------------------------- docker/Dockerfile, .dockerignore
 
 
@@ -371,6 +520,11 @@ dockerfile_case("dockerfile-service-targets", "bad_targets",
                 ('CMD ["clm-trainer", "api"]', 'CMD ["clm-trainr", "api"]'))
 dockerfile_case("dockerfile-service-targets", "missing_target", ("no target serve",),
                 ("FROM clm AS serve", "FROM clm AS server"))
+dockerfile_case("dockerfile-service-targets", "seaweedfs_as_root_unchecked",
+                ("seaweedfs runs as root", "seaweedfs has no HEALTHCHECK on /healthz"),
+                ('ENTRYPOINT ["sh", "/usr/local/bin/seaweedfs-start"]',
+                 'USER root\nENTRYPOINT ["sh", "/usr/local/bin/seaweedfs-start"]'),
+                ('"CLM_S3_PORT", "8333", "/healthz"]', '"CLM_S3_PORT", "8333", "/"]'))
 dockerfile_case("dockerfile-copies", "bad_copies",
                 ("COPY docker/missing.txt: not in the repository", "COPY tests is excluded by .dockerignore"),
                 ("COPY --from=build /opt /opt", "COPY --from=build /opt /opt\nCOPY docker/missing.txt tests /x/"))

@@ -142,3 +142,39 @@ def test_a_text_vllm_refuses_fails_only_its_own_request(vllm_server, tiny_qwen3_
         if i != 2:
             assert not isinstance(outcome, BaseException), (i, outcome)
             assert outcome.vectors.shape == (3, 128)
+
+
+def test_the_embedder_spreads_its_batches_over_every_vllm_replica(tmp_path, tiny_qwen3_dir, vllm_server, redis_url):
+    """Two replica URLs (the one real vLLM, as 127.0.0.1 and as localhost: the client sees two servers): both
+    are identified, both get batches, /health reports each, and the vectors are the encoder's."""
+    both = f"{vllm_server.base_url},http://localhost:{vllm_server.port}"
+    service = start_vllm_embedder(tmp_path, tiny_qwen3_dir, vllm_server, redis_url, CLM_EMBEDDER_VLLM_URL=both,
+                                  CLM_EMBEDDER_VLLM_BATCH_SIZE="8", CLM_EMBEDDER_VLLM_MAX_CONCURRENCY="2")
+    try:
+        texts = [f"alert {i}: outbound connection to rare domain {i % 11}" for i in range(96)]
+        response = post(service.url, texts)
+        health = httpx.get(f"{service.url}/health", timeout=30).json()
+    finally:
+        service.stop()
+    assert response.status_code == 200, response.text
+    served = np.array([d["embedding"] for d in response.json()["data"]], dtype=np.float32)
+    local = LocalEncoder(tiny_qwen3_dir, pooling="last", max_tokens=512, device="cpu").encode_blocking(texts)
+    assert (np.sum(served * local.vectors, axis=1) / np.linalg.norm(served, axis=1)).min() > 0.9999
+    assert health["status"] == "ok"
+    assert [row["url"] for row in health["replicas"]] == both.split(",")
+    assert all(row["ok"] and row["requests"] > 0 and row["failures"] == 0 for row in health["replicas"]), health
+
+
+def test_vllm_replicas_that_serve_different_models_refuse_to_start(tmp_path, tiny_qwen3_dir, vllm_server):
+    """A second replica computing other vectors (a stand-in: another real model would be a second ~4 GiB
+    vLLM) of the same width and length: the embedder refuses to start, naming both."""
+    from support.standin_vllm import StandInVLLM
+
+    other = StandInVLLM(128, seed=1, max_model_len=512)
+    try:
+        with pytest.raises(RuntimeError, match="exited") as refused:
+            start_vllm_embedder(tmp_path, tiny_qwen3_dir, vllm_server, "",
+                                CLM_EMBEDDER_VLLM_URL=f"{vllm_server.base_url},{other.url}")
+    finally:
+        other.stop()
+    assert f"vLLM replicas differ: {other.url} serves another model than {vllm_server.base_url}" in str(refused.value)

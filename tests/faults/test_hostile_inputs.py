@@ -66,7 +66,9 @@ class Stack:
             self.root / "logs", redis_url=self.redis_url.replace("/0", "/1"), embedder_url=self.embedder.url,
             data_root=self.data_root, checkpoint_root=self.checkpoint_root, work_root=self.root / "work",
             extra_env={"CLM_TRAINER_API_TOKEN": TRAINER_TOKEN, "CLM_TRAINER_MAX_BODY_BYTES": "65536",
-                       "CLM_TRAINER_MODEL_ROOT": str(self.root / "models")})
+                       "CLM_TRAINER_MODEL_ROOT": str(self.root / "models"),
+                       # records by URL allowed under this prefix only (refusals come before any store is asked)
+                       "CLM_TRAINER_DATA_STORES": "s3://clm/data"})
         self.processes.append(self.trainer)
         self.fingerprint = fingerprint_for_model_dir(self.model_dir, pooling="last", normalize=True, dtype="float32",
                                                      max_tokens=MAX_TOKENS, model_name=self.model_dir.name)
@@ -150,7 +152,10 @@ def _trainer_post(cases: Cases, stack: Stack, case: str, body, expected, **kwarg
 
 
 def test_trainer_paths_outside_their_roots(fault_report, stack, http):
-    """Hostile: trainer data/output/checkpoint/model paths escaping their roots (../, absolute, symlinks) are 400."""
+    """Hostile: trainer paths escaping their roots and data URLs outside the data stores are 400 naming the key.
+
+    Paths: data/output/checkpoint/model via ../, absolute paths and symlinks. URLs: another bucket, a prefix
+    sibling, ../, http:// and file://."""
     cases = Cases(http)
     data, outside = stack.data_root, stack.outside
     (data / "link.jsonl").symlink_to(outside / "train.jsonl")
@@ -170,6 +175,11 @@ def test_trainer_paths_outside_their_roots(fault_report, stack, http):
         "heads.init_checkpoint absolute": ("heads", "init_checkpoint", "/tmp"),
         "encoder.model ../": ("encoder", "model", f"{stack.root / 'models'}/../outside"),
         "encoder.model absolute": ("encoder", "model", "/usr"),
+        "data.train URL in another bucket": ("data", "train", "s3://other-bucket/data/train.jsonl"),
+        "data.validation URL in a prefix sibling": ("data", "validation", "s3://clm/database/validation.jsonl"),
+        "data.test URL ../": ("data", "test", "s3://clm/data/../private/test.jsonl"),
+        "data.train http:// URL": ("data", "train", "http://169.254.169.254/latest/meta-data"),
+        "data.train file:// URL": ("data", "train", "file:///etc/passwd"),
     }
     for case, (section, key, value) in escapes.items():
         config = recipe_config()

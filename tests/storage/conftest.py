@@ -7,16 +7,7 @@ import uuid
 import pytest
 
 from clm.storage import LocalStore
-from clm_devtools.seaweedfs import SeaweedS3
 from support.storage import s3_store
-
-
-@pytest.fixture(scope="session")
-def seaweed(tmp_path_factory):
-    root = tmp_path_factory.mktemp("seaweedfs")
-    server = SeaweedS3(root / "data", root / "seaweedfs.log").start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(params=["posix", "s3"])

@@ -150,12 +150,15 @@ def job_config(*, name: str, epochs: int, data_prefix: str = "", seed: int = 0) 
     """A small SFT job embedding through the embedder service (tiny encoder, 32-d heads).
 
     Small embedding requests (8 texts) against an embedder with a coalescing window make the
-    embedding phase last seconds, so a fault can be injected while it runs.
+    embedding phase last seconds, so a fault can be injected while it runs. Four requests in flight:
+    during an outage a request the job has given up on still counts at the embedder until the embedder
+    gives up too, so with its retries the job holds twice as many; four keep that under the stack's
+    admission limit (16), and a probe meets the outage, not saturation.
     """
     return {
         "mode": "train",
         "data": {split: f"data/{data_prefix}{split}.jsonl" for split in ("train", "validation", "test")},
-        "encoder": {"backend": "embedder", "pooling": "last", "batch_size": 8},
+        "encoder": {"backend": "embedder", "pooling": "last", "batch_size": 8, "concurrency": 4},
         "heads": {"config": {"width": 64, "projection_dim": 32}, "seed": seed},
         "loss": {"mode": "sft"},
         "train": {"epochs": epochs, "batch_size": 8, "eval_batch_size": 64, "lr": 3e-3, "seed": seed},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -10,7 +11,8 @@ import httpx
 import jsonschema
 import torch
 
-from clm.checkpoint import publish_checkpoint
+from clm.checkpoint import publish_checkpoint, save_checkpoint
+from clm.checkpoint.versions import checkpoint_files, publish_files, version_label
 from clm.encoders.base import EncoderFingerprint
 from clm.encoders.model_identity import fingerprint_for_model_dir
 from clm.heads import CLMHeadPair, HeadConfig
@@ -45,6 +47,19 @@ def make_heads(seed: int, hidden_size: int = 128, width: int = 96, projection_di
 def publish(root: Path, seed: int, fingerprint: EncoderFingerprint, **kwargs):
     return publish_checkpoint(root, HEADS_NAME, make_heads(seed, **kwargs), fingerprint,
                               metrics={"seed": seed, "accuracy": 0.5 + seed / 100})
+
+
+def publish_to_bucket(store, work: Path, seed: int, fingerprint: EncoderFingerprint, name: str = HEADS_NAME,
+                      damage=None) -> tuple[str, str]:
+    """Heads saved as the trainer saves them, published into a bucket store as it publishes there
+    (``clm.checkpoint.versions.publish_files``); ``damage(files)`` may spoil the files first. Returns the version
+    label and the sha256 of heads.pt as its manifest states it."""
+    folder = work / f"{name}-{seed}-{uuid.uuid4().hex[:6]}"
+    saved = save_checkpoint(folder, make_heads(seed), fingerprint, metrics={"seed": seed})
+    files = checkpoint_files(folder)
+    if damage is not None:
+        damage(files)
+    return version_label(publish_files(store, name, files)), saved.sha256
 
 
 def tiny_fingerprint(tiny_qwen3_dir: Path) -> EncoderFingerprint:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from clm.checkpoint import list_versions, resolve_latest
-from clm_trainer.job_config import prepare_config
+from clm.checkpoint import list_versions, read_version_file, resolve_latest
+from clm_trainer.job_config import JobConfigError, prepare_config
 from clm_trainer.runner import JOB_ID_METRIC, JobCancelled, run_job
 from clm_trainer.settings import TrainerSettings
 
@@ -70,3 +70,66 @@ def test_should_cancel_stops_the_run_before_anything_is_published(setup):
                 should_cancel=lambda: len(steps()) >= 12)
     assert len(steps()) == 12  # stopped at the very next step
     assert list_versions(settings.checkpoint_root.resolve(), "stopped") == []
+
+
+def test_a_job_publishes_into_the_trainers_bucket_once_and_a_retry_reuses_that_version(setup, s3_env, s3_prefix):
+    settings = setup.model_copy(update={"checkpoint_root": s3_prefix})
+    job_id = "job-000000000000000000000003"
+    config = prepare_config(recipe_config(setup.model_root / "tiny-qwen3", epochs=1, name="in-bucket"), settings,
+                            job_id)
+    assert config.output.checkpoint_root == s3_prefix
+    work_dir = settings.work_root / job_id
+    first = run_job(config, job_id=job_id, work_dir=work_dir, observer=RecordingObserver(), should_cancel=lambda: False)
+    assert first["checkpoint"]["path"] == f"{s3_prefix}/in-bucket/v0001"
+    second = run_job(config, job_id=job_id, work_dir=work_dir, observer=RecordingObserver(), should_cancel=lambda: False)
+    assert second["checkpoint"] == first["checkpoint"]
+    versions = list_versions(s3_prefix, "in-bucket")
+    assert [v.label for v in versions] == ["v0001"] and resolve_latest(s3_prefix, "in-bucket").sha256 == versions[0].sha256
+    assert read_version_file(s3_prefix, versions[0], "heads.json").decode().count(job_id) == 1
+
+    # The next stage starts from that version, named by its location in the bucket (or by the name: latest).
+    for init in (first["checkpoint"]["path"], f"{s3_prefix}/in-bucket"):
+        config = recipe_config(setup.model_root / "tiny-qwen3", epochs=1, name="stage-2")
+        config["heads"]["init_checkpoint"] = init
+        child_id = f"job-00000000000000000000000{7 if init.endswith('v0001') else 8}"
+        prepared = prepare_config(config, settings, child_id)
+        child = run_job(prepared, job_id=child_id, work_dir=settings.work_root / child_id, observer=RecordingObserver(),
+                        should_cancel=lambda: False)
+        published = resolve_latest(s3_prefix, "stage-2")
+        assert child["checkpoint"]["sha256"] == published.sha256
+        assert f'"parent": "{versions[0].sha256}"' in read_version_file(s3_prefix, published, "heads.json").decode()
+    config["heads"]["init_checkpoint"] = "s3://clm/other-team/in-bucket/v0001"
+    with pytest.raises(JobConfigError, match="heads.init_checkpoint: .* is outside the trainer's checkpoint root"):
+        prepare_config(config, settings, "job-000000000000000000000009")
+
+
+@pytest.mark.parametrize("asked, why", [
+    ("s3://clm/elsewhere", "is outside"),
+    ("s3://other-bucket/x", "is outside"),
+    ("{root}x", "is outside"),  # a sibling prefix that merely starts with the root's
+    ("ckpt", "is a folder"),
+])
+def test_a_job_may_publish_only_inside_the_trainers_bucket(setup, s3_prefix, asked, why):
+    settings = setup.model_copy(update={"checkpoint_root": s3_prefix})
+    config = recipe_config(setup.model_root / "tiny-qwen3", name="x")
+    config["output"]["checkpoint_root"] = asked.format(root=s3_prefix)
+    with pytest.raises(JobConfigError) as refused:
+        prepare_config(config, settings, "job-000000000000000000000004")
+    assert refused.value.status == 400 and refused.value.key == "output.checkpoint_root"
+    if why == "is outside":
+        assert "is outside" in str(refused.value)
+
+
+def test_a_job_may_publish_under_a_prefix_inside_the_trainers_bucket(setup, s3_prefix):
+    settings = setup.model_copy(update={"checkpoint_root": s3_prefix})
+    config = recipe_config(setup.model_root / "tiny-qwen3", name="x")
+    config["output"]["checkpoint_root"] = f"{s3_prefix}/team-a/"
+    prepared = prepare_config(config, settings, "job-000000000000000000000005")
+    assert prepared.output.checkpoint_root == f"{s3_prefix}/team-a"
+
+
+def test_a_trainer_publishing_into_a_folder_refuses_a_bucket(setup):
+    config = recipe_config(setup.model_root / "tiny-qwen3", name="x")
+    config["output"]["checkpoint_root"] = "s3://clm/x"
+    with pytest.raises(JobConfigError, match="output.checkpoint_root: 's3://clm/x' is a bucket"):
+        prepare_config(config, setup, "job-000000000000000000000006")

@@ -1,10 +1,13 @@
-"""Rules over docker-compose.yml: every reference resolves (URLs, volumes, depends_on), every service
-is checked for health, the CLM services' environments are their settings, vLLM serves what the
-embedder claims, and the production services are the ones the README describes."""
+"""Rules over docker-compose.yml and its overrides (docker-compose.*.yml, each merged onto it as Compose
+merges them): every reference resolves (URLs, volumes, depends_on), every service is checked for health
+and builds from docker/Dockerfile, the CLM services' environments are their settings, vLLM serves what
+the embedder claims, and the production services are the ones the README describes. A finding of an
+override names its file and is reported only when docker-compose.yml alone does not show it."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 from clm_devtools.deploy_lint.findings import rule
 from clm_devtools.deploy_lint.parse import (
@@ -19,31 +22,54 @@ from clm_devtools.deploy_lint.wiring import (
 PRODUCTION_SERVICES = ("redis", "vllm", "embedder", "trainer-api", "trainer-worker", "clm-serve")
 
 
-def _services(files: DeployFiles) -> dict[str, dict]:
-    return files.compose.get("services") or {}
+def services_of(files: DeployFiles | dict) -> dict[str, dict]:
+    compose = files.compose if isinstance(files, DeployFiles) else files
+    return compose.get("services") or {}
 
 
-def _ports_of(files: DeployFiles) -> dict[str, set[int]]:
-    return {name: compose_ports(svc) for name, svc in _services(files).items()}
+def _ports_of(compose: DeployFiles | dict) -> dict[str, set[int]]:
+    return {name: compose_ports(svc) for name, svc in services_of(compose).items()}
 
 
-@rule("compose-interpolation-defaults", COMPOSE_FILE)
-def interpolation_defaults(files: DeployFiles) -> list[str]:
+def each_config(files: DeployFiles, check: Callable[[dict, dict], list[str]]) -> list[tuple[str, str]]:
+    """``check(config, own file)`` over docker-compose.yml, then over it merged with each override (own: the
+    override as written); an override's findings that the base file alone has too are the base file's."""
+    base = check(files.compose, files.compose)
+    found = [(COMPOSE_FILE, message) for message in base]
+    for name, merged in files.compose_variants.items():
+        found += [(name, message) for message in check(merged, files.compose_overrides[name]) if message not in base]
+    return found
+
+
+def rule_over_configs(name: str):
+    """Register ``fn(config)`` as rule ``name``, run over every compose configuration (``each_config``)."""
+    def register(fn: Callable[[dict], list[str]]):
+        def over_configs(files: DeployFiles) -> list[tuple[str, str]]:
+            return each_config(files, lambda config, _own: fn(config))
+
+        over_configs.__name__, over_configs.__doc__ = fn.__name__, fn.__doc__
+        rule(name)(over_configs)
+        return fn
+    return register
+
+
+@rule_over_configs("compose-interpolation-defaults")
+def interpolation_defaults(compose: dict) -> list[str]:
     """Every ``${NAME}`` has a default: ``docker compose up`` works without a .env."""
     return [f"{path}: ${{{m['name']}}} has no default; `docker compose up` must work without a .env"
-            for path, text in walk_strings(files.compose) for m in INTERPOLATION.finditer(text)
+            for path, text in walk_strings(compose) for m in INTERPOLATION.finditer(text)
             if not (m["op"] or "").endswith("-")]
 
 
-@rule("compose-urls", COMPOSE_FILE)
-def urls(files: DeployFiles) -> list[str]:
+@rule_over_configs("compose-urls")
+def urls(compose: dict) -> list[str]:
     """A URL in an environment names a service (not the container itself) and a port it exposes."""
-    ports_of = _ports_of(files)
-    return [error for name, svc in _services(files).items() for key, value in compose_env(svc).items() if value
+    ports_of = _ports_of(compose)
+    return [error for name, svc in services_of(compose).items() for key, value in compose_env(svc).items() if value
             for error in url_errors(f"services.{name}.environment.{key}", value, ports_of)]
 
 
-def _named_volume(entry) -> str | None:
+def named_volume(entry) -> str | None:
     if isinstance(entry, dict):
         source = entry.get("source") if entry.get("type", "volume") == "volume" else None
     else:
@@ -52,22 +78,28 @@ def _named_volume(entry) -> str | None:
     return source if source and not source.startswith((".", "/", "~")) else None
 
 
-@rule("compose-volumes", COMPOSE_FILE)
-def volumes(files: DeployFiles) -> list[str]:
-    """Every named volume a service mounts is declared under ``volumes:``, and every declared one is mounted."""
-    errors, declared, used = [], set(files.compose.get("volumes") or {}), set()
-    for name, svc in _services(files).items():
-        for source in filter(None, map(_named_volume, svc.get("volumes") or [])):
-            used.add(source)
-            if source not in declared:
-                errors.append(f"services.{name}.volumes: named volume {source!r} is not declared under volumes:")
-    return errors + [f"volumes: {volume!r} is declared but no service mounts it" for volume in sorted(declared - used)]
+@rule("compose-volumes")
+def volumes(files: DeployFiles) -> list[tuple[str, str]]:
+    """Every named volume a service mounts is declared under ``volumes:``, and every volume a file declares is
+    mounted (an override may leave one of docker-compose.yml unused: the CPU stack's vLLM has no model cache)."""
+
+    def check(compose: dict, own: dict) -> list[str]:
+        errors, declared, used = [], set(compose.get("volumes") or {}), set()
+        for name, svc in services_of(compose).items():
+            for source in filter(None, map(named_volume, svc.get("volumes") or [])):
+                used.add(source)
+                if source not in declared:
+                    errors.append(f"services.{name}.volumes: named volume {source!r} is not declared under volumes:")
+        unused = set(own.get("volumes") or {}) - used
+        return errors + [f"volumes: {volume!r} is declared but no service mounts it" for volume in sorted(unused)]
+
+    return each_config(files, check)
 
 
-@rule("compose-depends-on", COMPOSE_FILE)
-def depends_on(files: DeployFiles) -> list[str]:
+@rule_over_configs("compose-depends-on")
+def depends_on(compose: dict) -> list[str]:
     """``depends_on`` names services, and one that must be healthy has a health check."""
-    errors, services = [], _services(files)
+    errors, services = [], services_of(compose)
     for name, svc in services.items():
         depends = svc.get("depends_on") or {}
         for target in depends:
@@ -81,11 +113,11 @@ def depends_on(files: DeployFiles) -> list[str]:
     return errors
 
 
-@rule("compose-healthchecks", COMPOSE_FILE)
-def healthchecks(files: DeployFiles) -> list[str]:
+@rule_over_configs("compose-healthchecks")
+def healthchecks(compose: dict) -> list[str]:
     """Every service has a health check; a ``healthcheck.py http`` one probes a port the service exposes."""
-    errors, ports_of = [], _ports_of(files)
-    for name, svc in _services(files).items():
+    errors, ports_of = [], _ports_of(compose)
+    for name, svc in services_of(compose).items():
         test = (svc.get("healthcheck") or {}).get("test")
         if not test:
             errors.append(f"services.{name}: no healthcheck")
@@ -98,26 +130,26 @@ def healthchecks(files: DeployFiles) -> list[str]:
     return errors
 
 
-@rule("compose-image-or-build", COMPOSE_FILE)
-def image_or_build(files: DeployFiles) -> list[str]:
-    return [f"services.{name}: neither image nor build" for name, svc in _services(files).items()
+@rule_over_configs("compose-image-or-build")
+def image_or_build(compose: dict) -> list[str]:
+    return [f"services.{name}: neither image nor build" for name, svc in services_of(compose).items()
             if "image" not in svc and "build" not in svc]
 
 
-@rule("compose-settings", COMPOSE_FILE)
-def settings(files: DeployFiles) -> list[str]:
+@rule_over_configs("compose-settings")
+def settings(compose: dict) -> list[str]:
     """A CLM service's ``CLM_*`` variables are fields of its settings class, which accepts them; it listens
     on 0.0.0.0 and on a port the service exposes (a worker: its metrics port)."""
-    ports_of = _ports_of(files)
-    return [error for name, svc in _services(files).items() if name in COMPOSE_SETTINGS
+    ports_of = _ports_of(compose)
+    return [error for name, svc in services_of(compose).items() if name in COMPOSE_SETTINGS
             for error in settings_errors(f"services.{name}", COMPOSE_SETTINGS[name], compose_env(svc),
                                          ports_of[name], LISTEN_PORT_FIELD.get(name, "port"))]
 
 
-@rule("compose-worker-scalable", COMPOSE_FILE)
-def worker_scalable(files: DeployFiles) -> list[str]:
+@rule_over_configs("compose-worker-scalable")
+def worker_scalable(compose: dict) -> list[str]:
     """``docker compose up --scale trainer-worker=N`` works: no container name, no host port."""
-    worker = _services(files).get("trainer-worker")
+    worker = services_of(compose).get("trainer-worker")
     if worker is None:
         return ["services: no trainer-worker"]
     if "container_name" in worker or worker.get("ports"):
@@ -128,7 +160,7 @@ def worker_scalable(files: DeployFiles) -> list[str]:
 @rule("compose-vllm-command", COMPOSE_FILE)
 def vllm_command(files: DeployFiles) -> list[str]:
     """vLLM runs ``vllm serve`` as a pooling server on its exposed port, with a GPU per data-parallel rank."""
-    vllm = _services(files).get("vllm")
+    vllm = services_of(files).get("vllm")
     if not vllm:
         return ["services: vllm is required"]
     errors, args, entry = [], compose_command(vllm), vllm.get("entrypoint") or []
@@ -150,7 +182,7 @@ def vllm_command(files: DeployFiles) -> list[str]:
 @rule("compose-encoder-identity", COMPOSE_FILE)
 def encoder_identity(files: DeployFiles) -> list[str]:
     """The embedder's encoder fingerprint is what vLLM serves, and it asks for no more tokens than vLLM takes."""
-    vllm, embedder = _services(files).get("vllm"), _services(files).get("embedder")
+    vllm, embedder = services_of(files).get("vllm"), services_of(files).get("embedder")
     if not vllm or not embedder:
         return ["services: vllm and embedder are required"]
     args, env = compose_command(vllm), compose_env(embedder)
@@ -171,7 +203,7 @@ def production_services(files: DeployFiles) -> list[str]:
     """The production stack: its services, Redis with AOF, a pinned vLLM on 8 GPUs with a model cache,
     the embedder on vllm and redis, the trainer's two commands, the shared data volume, the start
     command in the header."""
-    services, errors = _services(files), []
+    services, errors = services_of(files), []
     missing = [name for name in PRODUCTION_SERVICES if name not in services]
     if missing:
         return [f"services: missing {missing}"]
@@ -205,23 +237,29 @@ def production_services(files: DeployFiles) -> list[str]:
     return errors
 
 
-@rule("compose-builds-from-dockerfile", COMPOSE_FILE)
-def builds_from_dockerfile(files: DeployFiles) -> list[str]:
-    """Each CLM service builds a target of docker/Dockerfile and runs a console script of the project."""
-    errors, stages, services = [], dockerfile_stages(files.dockerfile), _services(files)
-    for name in COMPOSE_SETTINGS:
-        if name not in services:
-            errors.append(f"services: no {name}")
-            continue
-        build = services[name].get("build") or {}
-        context, dockerfile = build.get("context", "."), build.get("dockerfile", "Dockerfile")
-        if (files.root / context / dockerfile).resolve() != (files.root / DOCKERFILE).resolve():
-            errors.append(f"services.{name}.build: {Path(context) / dockerfile} is not {DOCKERFILE}")
-        if build.get("target") not in stages:
-            errors.append(f"services.{name}.build: target {build.get('target')!r} not in {DOCKERFILE}")
-            continue
-        command = compose_command(services[name]) or stages[build["target"]]["cmd"] or [None]
-        if command[0] not in files.console_scripts:
-            errors.append(f"services.{name}: {command[0]} is not a console script of the project")
-    return errors
+@rule("compose-builds-from-dockerfile")
+def builds_from_dockerfile(files: DeployFiles) -> list[tuple[str, str]]:
+    """Each CLM service, and every other service with a ``build:`` (vllm-cpu, seaweedfs), builds a target of
+    docker/Dockerfile; a CLM service runs a console script of the project."""
+    stages = dockerfile_stages(files.dockerfile)
+
+    def check(compose: dict, _own: dict) -> list[str]:
+        errors, services = [], services_of(compose)
+        errors += [f"services: no {name}" for name in COMPOSE_SETTINGS if name not in services]
+        for name, svc in services.items():
+            if name not in COMPOSE_SETTINGS and "build" not in svc:
+                continue
+            build = svc.get("build") or {}
+            context, dockerfile = build.get("context", "."), build.get("dockerfile", "Dockerfile")
+            if (files.root / context / dockerfile).resolve() != (files.root / DOCKERFILE).resolve():
+                errors.append(f"services.{name}.build: {Path(context) / dockerfile} is not {DOCKERFILE}")
+            if build.get("target") not in stages:
+                errors.append(f"services.{name}.build: target {build.get('target')!r} not in {DOCKERFILE}")
+                continue
+            command = compose_command(svc) or stages[build["target"]]["cmd"] or [None]
+            if name in COMPOSE_SETTINGS and command[0] not in files.console_scripts:
+                errors.append(f"services.{name}: {command[0]} is not a console script of the project")
+        return errors
+
+    return each_config(files, check)
 

@@ -11,8 +11,11 @@ from clm_devtools.deploy_lint.findings import rule
 from clm_devtools.deploy_lint.parse import DOCKERFILE, DOCKERIGNORE, DeployFiles, dockerfile_stages
 
 SERVICE_TARGETS = ("embedder", "trainer", "serve")
-# serve: a liveness probe (its /health is 503 until heads exist); the others their /health
-HEALTH_PROBE = {"serve": "/v1/heads"}
+# Targets the compose files run besides the CLM services (their own commands, not console scripts).
+OTHER_SERVICE_TARGETS = ("seaweedfs",)
+# serve: a liveness probe (its /health is 503 until heads exist); seaweedfs: its S3 port's health route;
+# the others their /health
+HEALTH_PROBE = {"serve": "/v1/heads", "seaweedfs": "/healthz"}
 DOCKERIGNORE_REQUIRED = (".venv", ".venv-vllm", "var", ".git", ".pytest_cache", ".hypothesis")
 
 
@@ -52,10 +55,10 @@ def _healthcheck_args(healthcheck: str | None) -> list[str]:
 
 @rule("dockerfile-service-targets", DOCKERFILE)
 def service_targets(files: DeployFiles) -> list[str]:
-    """The embedder, trainer and serve targets run as non-root, have a HEALTHCHECK on their probe path and
-    run a console script of the project."""
+    """The embedder, trainer and serve targets (and seaweedfs) run as non-root and have a HEALTHCHECK on their
+    probe path; the CLM ones run a console script of the project."""
     errors, stages = [], dockerfile_stages(files.dockerfile)
-    for target in SERVICE_TARGETS:
+    for target in SERVICE_TARGETS + OTHER_SERVICE_TARGETS:
         stage = stages.get(target)
         if stage is None:
             errors.append(f"no target {target}")
@@ -65,7 +68,7 @@ def service_targets(files: DeployFiles) -> list[str]:
         probe = HEALTH_PROBE.get(target, "/health")
         if probe not in _healthcheck_args(stage["healthcheck"]):
             errors.append(f"{target} has no HEALTHCHECK on {probe}")
-        if not stage["cmd"] or stage["cmd"][0] not in files.console_scripts:
+        if target in SERVICE_TARGETS and (not stage["cmd"] or stage["cmd"][0] not in files.console_scripts):
             errors.append(f"{target}: CMD {stage['cmd']} is not a console script")
     return errors
 

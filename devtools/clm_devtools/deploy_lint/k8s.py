@@ -26,13 +26,18 @@ def namespaces(files: DeployFiles) -> Problems:
             if m.doc["kind"] != "Namespace" and (ns := m.doc["metadata"].get("namespace")) not in defined]
 
 
+# Keys whose URL may name a server outside the cluster: the object store (AWS S3 itself, or a store of its own).
+EXTERNAL_URL_KEYS = {"AWS_ENDPOINT_URL"}
+
+
 @rule("k8s-urls")
 def urls(files: DeployFiles) -> Problems:
-    """A URL in a ConfigMap names a Service (short or cluster DNS name) and one of its ports."""
+    """A URL in a ConfigMap names a Service (short or cluster DNS name) and one of its ports (the object
+    store's endpoint may be outside the cluster)."""
     ix = index(files)
     ports_of = ix.service_ports()
     return [(ix.file_of[("ConfigMap", name)], error) for name, cm in ix.kind("ConfigMap").items()
-            for key, value in (cm.get("data") or {}).items()
+            for key, value in (cm.get("data") or {}).items() if key not in EXTERNAL_URL_KEYS
             for error in url_errors(f"ConfigMap/{name}.{key}", str(value), ports_of, ix.strip_suffix)]
 
 

@@ -3,6 +3,7 @@ ports, commands, flags; the Dockerfile's stages)."""
 
 from __future__ import annotations
 
+import copy
 import re
 import tomllib
 from dataclasses import dataclass
@@ -12,10 +13,13 @@ from typing import Any, Iterator
 import yaml
 
 COMPOSE_FILE = "docker-compose.yml"
+COMPOSE_OVERRIDES = "docker-compose.*.yml"  # docker-compose.cpu.yml, docker-compose.s3.yml: each used on top of it
 DOCKERFILE = "docker/Dockerfile"
 DOCKERIGNORE = ".dockerignore"
 PYPROJECT = "pyproject.toml"
 K8S_DIR = "k8s"
+K8S_BASE = "k8s/Kustomization"  # the folder as a kustomize base (not *.yaml: `kubectl apply -f k8s/` skips it)
+K8S_OBJECT_STORE = "k8s/object-store"  # a kustomize Component: the bucket instead of the ReadWriteMany claim
 
 
 @dataclass
@@ -27,7 +31,7 @@ class Manifest:
 
     @property
     def key(self) -> tuple[str, str]:
-        return self.doc["kind"], self.doc["metadata"]["name"]
+        return self.doc["kind"], (self.doc.get("metadata") or {}).get("name", "")
 
 
 @dataclass
@@ -37,7 +41,10 @@ class DeployFiles:
     root: Path
     compose: dict
     compose_text: str
+    compose_overrides: dict[str, dict]  # file name -> parsed override (Compose's !reset / !override kept as tags)
     manifests: list[Manifest]
+    k8s_base: dict  # k8s/Kustomization ({} without one)
+    k8s_object_store: list[Manifest]  # the documents of k8s/object-store/*.yaml: its kustomization, patches, resources
     dockerfile: str
     dockerignore: str
     pyproject: dict
@@ -47,14 +54,22 @@ class DeployFiles:
         return self.pyproject["project"]["scripts"]
 
     @property
+    def compose_variants(self) -> dict[str, dict]:
+        """Each override file merged onto docker-compose.yml, as ``docker compose -f docker-compose.yml -f FILE``
+        sees it (computed on each call, so a rule sees the base as it is now)."""
+        return {name: merge_compose(self.compose, override) for name, override in self.compose_overrides.items()}
+
+    @property
     def k8s_docs(self) -> list[dict]:
         return [m.doc for m in self.manifests]
 
 
-def load_k8s(k8s_dir: Path) -> list[Manifest]:
+def load_k8s(k8s_dir: Path, folder: str | None = None) -> list[Manifest]:
+    """The documents of ``k8s_dir``'s *.yaml files, each named ``<folder>/<file>`` (default: the folder's name)."""
     manifests = []
     for path in sorted(k8s_dir.glob("*.yaml")):
-        manifests += [Manifest(f"{k8s_dir.name}/{path.name}", d) for d in yaml.safe_load_all(path.read_text()) if d]
+        manifests += [Manifest(f"{folder or k8s_dir.name}/{path.name}", d) for d in yaml.safe_load_all(path.read_text())
+                      if d]
     return manifests
 
 
@@ -64,7 +79,10 @@ def load(root: Path) -> DeployFiles:
         root=root,
         compose=yaml.safe_load(compose_text),
         compose_text=compose_text,
+        compose_overrides={path.name: load_compose(path.read_text()) for path in sorted(root.glob(COMPOSE_OVERRIDES))},
         manifests=load_k8s(root / K8S_DIR),
+        k8s_base=yaml.safe_load((root / K8S_BASE).read_text()) if (root / K8S_BASE).is_file() else {},
+        k8s_object_store=load_k8s(root / K8S_OBJECT_STORE, K8S_OBJECT_STORE),
         dockerfile=(root / DOCKERFILE).read_text(),
         dockerignore=(root / DOCKERIGNORE).read_text(),
         pyproject=tomllib.loads((root / PYPROJECT).read_text()),
@@ -72,6 +90,68 @@ def load(root: Path) -> DeployFiles:
 
 
 # --------------------------------------------------------------------------- Compose
+
+
+class ComposeLoader(yaml.SafeLoader):
+    """YAML with Compose's merge tags: ``!reset`` (drop the base value) and ``!override`` (replace it), read
+    as ``{"!reset": value}`` / ``{"!override": value}``."""
+
+
+def _tagged(tag: str):
+    def construct(loader: yaml.SafeLoader, node: yaml.Node) -> dict:
+        if isinstance(node, yaml.SequenceNode):
+            return {tag: loader.construct_sequence(node, deep=True)}
+        if isinstance(node, yaml.MappingNode):
+            return {tag: loader.construct_mapping(node, deep=True)}
+        return {tag: loader.construct_scalar(node) or None}
+    return construct
+
+
+ComposeLoader.add_constructor("!reset", _tagged("!reset"))
+ComposeLoader.add_constructor("!override", _tagged("!override"))
+
+
+def load_compose(text: str) -> dict:
+    return yaml.load(text, Loader=ComposeLoader)  # noqa: S506 (a SafeLoader with two more tags)
+
+
+# Compose's merge rules (compose-spec merge.md): these sequences are replaced, not appended to.
+REPLACED_SEQUENCES = {"command", "entrypoint", "test"}
+
+
+def _tag(value: Any) -> str | None:
+    return next(iter(value)) if isinstance(value, dict) and len(value) == 1 and \
+        next(iter(value)) in ("!reset", "!override") else None
+
+
+def mount_target(entry: Any) -> str:
+    if isinstance(entry, dict):
+        return str(entry.get("target"))
+    parts = str(entry).split(":")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def merge_compose(base: Any, override: Any, key: str = "") -> Any:
+    """``override`` merged onto ``base`` as Compose merges files: mappings key by key, ``volumes`` by mount
+    target, ``command``/``entrypoint``/``healthcheck.test`` replaced, other sequences appended (without
+    repeats), ``!reset`` removes the base value and ``!override`` replaces it."""
+    tag = _tag(override)
+    if tag == "!override":
+        return copy.deepcopy(override[tag])
+    if isinstance(override, dict) and (base is None or isinstance(base, dict)):  # a new key's tags are read too
+        merged = dict(base or {})
+        for name, value in override.items():
+            if _tag(value) == "!reset":
+                merged.pop(name, None)
+            else:
+                merged[name] = merge_compose(merged.get(name), value, name)
+        return merged
+    if isinstance(base, list) and isinstance(override, list) and key not in REPLACED_SEQUENCES:
+        if key == "volumes":
+            replaced = {mount_target(entry) for entry in override}
+            return [e for e in base if mount_target(e) not in replaced] + copy.deepcopy(override)
+        return base + [entry for entry in override if entry not in base]
+    return copy.deepcopy(override)
 
 INTERPOLATION = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?+])(?P<arg>[^}]*))?\}")
 

@@ -28,6 +28,7 @@ IMAGE_SETTINGS = {"embedder": EmbedderSettings, "trainer": TrainerSettings, "ser
 # trainer worker, which serves no API and listens only for Prometheus on a port of its own.
 LISTEN_PORT_FIELD = {"trainer-worker": "worker_metrics_port"}
 DEFAULT_PORTS = {"http": 80, "https": 443, "redis": 6379, "rediss": 6379}
+BUCKET_SCHEMES = {"s3"}
 URL_RE = re.compile(r"^(?P<scheme>[a-z][a-z0-9+.-]*)://(?:[^@/]*@)?(?P<host>[^:/?#]+)(?::(?P<port>\d+))?")
 LOOPBACK = {"localhost", "127.0.0.1", "0.0.0.0", "::1"}
 POOLING_FLAGS = ["--runner", "pooling", "--convert", "embed", "--pooler-config",
@@ -92,7 +93,7 @@ def listen_port(cls: type, env: dict[str, str | None], port_field: str) -> int |
 
 def url_errors(where: str, value: str, ports_of: dict[str, set[int]], strip_suffix=None) -> list[str]:
     match = URL_RE.match(value)
-    if not match:
+    if not match or match["scheme"] in BUCKET_SCHEMES:  # s3://bucket/prefix names a bucket, not a host
         return []
     host = match["host"]
     if strip_suffix:

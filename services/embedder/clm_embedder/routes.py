@@ -107,6 +107,7 @@ async def _lookup(resolved: ResolvedInputs, state: EmbedderState) -> CacheResult
     return CacheResult(
         vectors=vectors, prompt_tokens=sum(r.prompt_tokens for r in outcomes),
         redis_hits=sum(r.redis_hits for r in outcomes), disk_hits=sum(r.disk_hits for r in outcomes),
+        store_hits=sum(r.store_hits for r in outcomes),
         misses=sum(r.misses for r in outcomes), coalesced=sum(r.coalesced for r in outcomes),
         corrupt_dropped=sum(r.corrupt_dropped for r in outcomes),
         redis_available=all(r.redis_available for r in outcomes), token_counts=tuple(counts))
@@ -114,7 +115,8 @@ async def _lookup(resolved: ResolvedInputs, state: EmbedderState) -> CacheResult
 
 def _cache_headers(result: CacheResult) -> dict[str, str]:
     return {"X-Cache-Redis-Hits": str(result.redis_hits), "X-Cache-Disk-Hits": str(result.disk_hits),
-            "X-Cache-Misses": str(result.misses), "X-Cache-Corrupt-Dropped": str(result.corrupt_dropped)}
+            "X-Cache-Store-Hits": str(result.store_hits), "X-Cache-Misses": str(result.misses),
+            "X-Cache-Corrupt-Dropped": str(result.corrupt_dropped)}
 
 
 def _check_dimensions(body: PoolingRequestBase, state: EmbedderState) -> None:
@@ -219,17 +221,27 @@ async def cache_stats(request: Request) -> dict:
 async def health(request: Request) -> Response:
     state = _state(request)
     tiers = await state.cache.health()
+    replicas: list[dict] | None = None  # the vllm backend: one row per vLLM replica (clm.encoders.vllm_replicas)
     try:
-        backend_ok = await state.backend.health()
+        if hasattr(state.backend.inner, "replica_health"):
+            replicas = await state.backend.inner.replica_health()
+            backend_ok = any(row["ok"] for row in replicas)
+        else:
+            backend_ok = await state.backend.health()
     except Exception:  # a health probe must answer, whatever the backend does
         backend_ok = False
     if not backend_ok or not tiers.disk.available:
         status, code = "unavailable", 503
     elif tiers.degraded:
-        status, code = "degraded", 200  # serving from disk and backend; Redis is down
+        status, code = "degraded", 200  # serving without Redis or the shared store tier, which is down
+    elif replicas is not None and not all(row["ok"] for row in replicas):
+        status, code = "degraded", 200  # serving, on the vLLM replicas that are up (and serve the same model)
     else:
         status, code = "ok", 200
-    return JSONResponse({"status": status, "backend": backend_ok, **tiers.as_dict()}, status_code=code)
+    body = {"status": status, "backend": backend_ok, **tiers.as_dict()}
+    if replicas is not None:
+        body["replicas"] = replicas
+    return JSONResponse(body, status_code=code)
 
 
 @router.api_route("/ping", methods=["GET", "POST"])

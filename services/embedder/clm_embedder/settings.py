@@ -10,7 +10,9 @@ from pydantic_settings import SettingsConfigDict
 
 from clm.encoders.spec import (DEFAULT_ENCODER_MAX_TOKENS, DEFAULT_ENCODER_MODEL, DEFAULT_ENCODER_POOLING, EncoderSpec,
                                spec_from_settings)
+from clm.encoders.vllm_replicas import parse_urls
 from clm.redis_connect import parse_sentinel_url
+from clm.storage import parse_location
 from clm_http.settings import ServiceSettings, body_limit_field, port_field
 
 
@@ -41,10 +43,10 @@ class EmbedderSettings(ServiceSettings):
     coalesce_window_ms: float = Field(2.0, ge=0, description="Concurrent requests' cache misses arriving while the encoder is busy (waiting up to this window for more while other batches are in flight; a miss that finds the encoder idle goes at once) are encoded as one batch (`vllm_batch_size` texts at most with vllm, 64 locally); a refused text fails only its own request.")
     weights_id: str = Field("", description="Weights revision for the fingerprint when the backend cannot hash the files (vllm with a hub name).")
 
-    vllm_url: str = Field("http://127.0.0.1:8000", description="Base URL of the vLLM pooling server.")
+    vllm_url: str = Field("http://127.0.0.1:8000", description="Base URL of the vLLM pooling server, or several replicas' base URLs separated by commas: each batch goes to the replica with the fewest requests in flight, a failed one is retried on another, and replicas must serve the same model (checked at start-up, which refuses replicas that differ, and by `/health`, which reports each replica and takes one that changed out of rotation).")
     vllm_model: str = Field("", description="Model name to ask the vLLM server for; empty: the server's only model.")
     vllm_batch_size: int = Field(256, ge=1, description="Inputs per request to vLLM, which is also the largest coalesced batch.")
-    vllm_max_concurrency: int = Field(4, ge=1, description="Requests to vLLM (coalesced batches) in flight at once; locally one batch at a time.")
+    vllm_max_concurrency: int = Field(4, ge=1, description="Requests to vLLM (coalesced batches) in flight at once, per replica; locally one batch at a time.")
     vllm_timeout_s: float = Field(120.0, gt=0, description="Timeout of one vLLM request.")
     vllm_retries: int = Field(4, ge=0, description="Retries (exponential backoff) on connection errors and 5xx.")
     vllm_api_key: SecretStr = Field(SecretStr(""), description="Bearer token sent to a vLLM server started with `--api-key` (empty: none).")
@@ -64,6 +66,8 @@ class EmbedderSettings(ServiceSettings):
     disk_cache_dir: Path = Field(Path("var/cache/embeddings"), description="LMDB directory of the durable tier.")
     disk_cache_map_size_gb: float = Field(64.0, gt=0, description="LMDB map size (virtual; grows on demand).")
     cache_dtype: Literal["float16", "float32"] = Field("float16", description="Stored vector dtype.")
+    shared_cache_store: str = Field("", description="Shared durable tier behind the LMDB one: a location (`s3://bucket/prefix`, endpoint and credentials from the standard `AWS_*` variables, or a folder every replica mounts) where every replica writes what it encodes and looks up what neither Redis nor its own disk holds, so a new pod starts warm. Empty: off. Its outage degrades the cache (health `degraded`), never fails a request.")
+    shared_cache_store_concurrency: int = Field(32, ge=1, description="Object-store requests (one per entry) in flight at once for the shared tier.")
 
     max_inputs_per_request: int = Field(2048, ge=1, description="More inputs in one request get 413.")
     max_chars_per_input: int = Field(32768, ge=1, description="A longer input gets 413.")
@@ -74,8 +78,18 @@ class EmbedderSettings(ServiceSettings):
         """The encoder these settings describe (``clm.encoders.spec``: the one way encoders are built)."""
         return spec_from_settings(self, ENCODER_SETTINGS)
 
+    @field_validator("vllm_url")
+    @classmethod
+    def _vllm_urls_parse(cls, value: str) -> str:
+        return ",".join(parse_urls(value))  # an empty or repeated entry fails at start-up, naming it
+
     @field_validator("redis_url")
     @classmethod
     def _redis_url_parses(cls, url: str) -> str:
         parse_sentinel_url(url)  # a malformed Sentinel URL fails at start-up, naming the part at fault
         return url
+
+    @field_validator("shared_cache_store")
+    @classmethod
+    def _shared_cache_store_parses(cls, value: str) -> str:
+        return str(parse_location(value.strip())) if value.strip() else ""

@@ -71,7 +71,8 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
                        f"in-process encoder; an embedder truncates to its own) [{_variables('encoder_max_tokens')}]")
     group.add_argument("--ckpt", metavar="PATH", help="heads file (.pt, ours or upstream's such as CLM_v0.1-8B.pt) "
                        "or version folder served as clm-latest; without it, "
-                       "<checkpoint_root>/<heads_name>/latest is followed (nothing is downloaded) "
+                       "<checkpoint_root>/<heads_name>/latest is followed, in a folder or an s3:// bucket (nothing is "
+                       "downloaded from a model hub) "
                        f"[{_variables('ckpt')}]")
     group.add_argument("--ckpt-dir", metavar="DIR", help="also serve every *.pt in this directory under its file "
                        f"stem [{_variables('ckpt_dir')}]")

@@ -50,6 +50,11 @@ class ServeMetrics:
             "clm_serve_heads_reloads", "Attempts to load a new heads version, by served model and outcome "
             "(success, failure).", ["model", "outcome"], registry=r,
         )
+        self.source_errors = Counter(
+            "clm_serve_heads_source_errors", "Polls of a bucket checkpoint root that got no answer (unreachable, "
+            "5xx, access denied), by served model: the heads serving stay, the next poll asks again.", ["model"],
+            registry=r,
+        )
         self.reload_seconds = Histogram(
             "clm_serve_heads_reload_seconds", "Load, validate and warm time of a heads version, until the swap.",
             buckets=_LATENCY_BUCKETS, registry=r,

@@ -11,6 +11,7 @@ from pydantic_settings import SettingsConfigDict
 from clm.checkpoint.compat import REFERENCE_ENCODER_MODEL, REFERENCE_ENCODER_WIDTH, AssumedEncoder
 from clm.encoders.spec import (DEFAULT_ENCODER_MAX_TOKENS, DEFAULT_ENCODER_MODEL, DEFAULT_ENCODER_POOLING, EncoderSpec,
                                spec_from_settings)
+from clm.storage import Location
 from clm_http.settings import ServiceSettings, body_limit_field, port_field
 
 
@@ -44,7 +45,14 @@ class ServeSettings(ServiceSettings):
                               description="Serve this one .pt file (ours or any upstream contrastive-lm head, e.g. "
                                           "CLM_v0.1-8B.pt) or version folder as the default heads instead of "
                                           "following `latest` (reloaded when the file changes).")
-    checkpoint_root: Path = Field(Path("var/checkpoints"), description="Root the trainer publishes into.")
+    checkpoint_root: Location = Field(
+        Path("var/checkpoints"), description="Where the trainer publishes: a folder, or a bucket `s3://bucket/prefix` "
+        "(reached with the standard `AWS_*` variables; `latest` is polled by its ETag every `poll_interval_s`, and "
+        "each new version is downloaded once into `store_cache_dir` before it loads).")
+    store_cache_dir: Path = Field(
+        Path("var/serve-cache"), description="Local copies of the versions read from a bucket `checkpoint_root` "
+        "(one folder per bucket location; a version is downloaded once, older ones are deleted once a newer one "
+        "serves). Unused with a folder root.")
     heads_name: str = Field("soc-triage", description="Watch <checkpoint_root>/<heads_name>/latest: served as "
                             "`served_model_name` (and under its own name too) unless `CLM_CKPT` is set.")
     published_models: str = Field(
@@ -62,7 +70,8 @@ class ServeSettings(ServiceSettings):
         8, ge=1, description="Most heads served at once, all sources together (each holds its weights and "
         "projections): further names are not loaded, logged, and listed in `/v1/heads` as `not_loaded`.")
     watch: bool = Field(True, description="Watch the latest pointer with watchfiles (polling as a fallback).")
-    poll_interval_s: float = Field(2.0, gt=0, description="Polling interval of the latest pointer and of the embedder's encoder identity.")
+    poll_interval_s: float = Field(2.0, gt=0, description="Polling interval of the latest pointer (one HEAD request "
+                                   "per served name with a bucket root) and of the embedder's encoder identity.")
     admin_token: SecretStr = Field(SecretStr(""), description="Bearer token for POST /admin/reload; empty disables the route.")
     embedder_url: str = Field(
         "", validation_alias=AliasChoices("CLM_SERVE_EMBEDDER_URL", "CLM_EMB_URL"),

@@ -24,6 +24,11 @@ runs, so a symlink swapped in after submit is still caught):
   ``checkpoint_root`` (left out: the root itself); a local ``encoder.model``
   folder (not an alias such as ``minilm``) in ``model_root``. ``../``,
   absolute paths elsewhere and symlinks pointing out all fail the same way.
+* **Records by URL**: a ``data.*`` given as ``s3://bucket/key`` must lie in
+  one of ``data_stores`` (same bucket, the store's prefix as whole path
+  segments: ``s3://b/data`` does not admit ``s3://b/database/x``), and exist
+  (a HEAD); any other scheme, ``..`` or a URL elsewhere is a 400 naming the
+  key, a store that does not answer a 503.
 * **Service-owned keys** are overwritten, whatever the client sent:
   ``cache.dir`` (the shared embedding-table cache), ``cache.redis_url``
   (none: no client-chosen network endpoints), ``output.report_dir``
@@ -48,8 +53,12 @@ from typing import Any
 from clm.encoders.spec import MODEL_ALIASES
 from clm.errors import BAD_INPUT, KindedError
 from clm.recipes.config import ConfigError, RecipeConfig, build_config
+from clm.storage import bucket_within, head_url, is_bucket, is_url, parse_object_url
 
 from .settings import TrainerSettings
+
+# A submit waits this long at most for the data store to say whether a data object exists (then: 503).
+HEAD_TIMEOUT_S = 10.0
 
 
 class JobConfigError(KindedError, ValueError):
@@ -81,6 +90,40 @@ def confine(value: str | Path, roots: list[Path], key: str) -> Path:
     raise JobConfigError(f"{key}: {str(value)!r} resolves to {resolved}, which is outside {where}; "
                          "paths (after following symlinks) must stay inside the configured root",
                          key=key, status=400)
+
+
+def confine_url(value: str, stores: list[str], key: str) -> str:
+    """The object URL ``value`` (``s3://bucket/key``), checked to lie inside one of ``stores`` (bucket and whole
+    prefix segments, ``clm.storage.bucket_within``); else ``JobConfigError`` (400) naming ``key``."""
+    try:
+        url = str(parse_object_url(value))
+    except ValueError as error:
+        raise JobConfigError(f"{key}: {error}; nothing outside {_allowed_stores(stores)} is read",
+                             key=key, status=400) from None
+    if any(url != store and bucket_within(url, store) for store in stores):
+        return url
+    raise JobConfigError(f"{key}: {value!r} is outside {_allowed_stores(stores)}; records by URL must lie in one "
+                         "of the configured data stores", key=key, status=400)
+
+
+def _allowed_stores(stores: list[str]) -> str:
+    if not stores:
+        return "every allowed data store (CLM_TRAINER_DATA_STORES is empty: records must be files under data_root)"
+    return " or ".join(stores) + " (CLM_TRAINER_DATA_STORES)"
+
+
+def _records_file(value: Path | str, settings: TrainerSettings, key: str) -> Path | str:
+    """A ``data.*`` value confined and checked to exist: a file under ``data_root``, or an object (a HEAD) in one
+    of ``data_stores``. A store that does not answer raises its ``StorageError`` (503 at the API, not a 400)."""
+    if isinstance(value, str) and is_url(value):  # clm.storage.Location keeps bucket URLs as text
+        url = confine_url(value, settings.data_store_locations, key)
+        if head_url(url, timeout_s=HEAD_TIMEOUT_S) is None:
+            raise JobConfigError(f"{key}: there is no object {url}", key=key, status=400)
+        return url
+    path = confine(value, [settings.data_root], key)
+    if not path.is_file():
+        raise JobConfigError(f"{key}: {str(value)!r} ({path}) is not a file", key=key, status=400)
+    return path
 
 
 def _first_key(message: str) -> str | None:
@@ -153,11 +196,16 @@ def prepare_config(raw: Any, settings: TrainerSettings, job_id: str) -> RecipeCo
                              "network endpoint or a file: path); log to MLflow from `clm train` runs, or leave it "
                              "null (TensorBoard event files are written beside the job's report)",
                              key="tracking.mlflow_tracking_uri", status=400)
+    data_section = raw.get("data")
+    if isinstance(data_section, dict):  # a URL the service refuses is a 400 whatever its scheme, before validation
+        for split in ("train", "validation", "test"):
+            if isinstance(data_section.get(split), str) and is_url(data_section[split]):
+                confine_url(data_section[split], settings.data_store_locations, f"data.{split}")
     output_section = raw.get("output")
     root_given = isinstance(output_section, dict) and output_section.get("checkpoint_root") is not None
     cfg = _validate(raw)
     if not root_given:
-        cfg = _replace(cfg, output={"checkpoint_root": settings.checkpoint_root.resolve()})
+        cfg = _replace(cfg, output={"checkpoint_root": _absolute(settings.checkpoint_root)})
     return _effective(cfg, settings, job_id)
 
 
@@ -170,17 +218,13 @@ def load_job_config(stored: dict[str, Any], settings: TrainerSettings, job_id: s
 def _effective(cfg: RecipeConfig, settings: TrainerSettings, job_id: str) -> RecipeConfig:
     """``cfg`` with the service-owned keys set from ``settings`` and every path confined (resolved, absolute)."""
     data_root, checkpoint_root = settings.data_root, settings.checkpoint_root
-    data: dict[str, Path] = {}
+    data: dict[str, Path | str] = {}
     for split in ("train", "validation", "test"):
         value = getattr(cfg.data, split)
         if value is not None:
-            path = confine(value, [data_root], f"data.{split}")
-            if not path.is_file():
-                raise JobConfigError(f"data.{split}: {str(value)!r} ({path}) is not a file", key=f"data.{split}",
-                                     status=400)
-            data[split] = path
-    heads = {} if cfg.heads.init_checkpoint is None else {"init_checkpoint": confine(
-        cfg.heads.init_checkpoint, [checkpoint_root, data_root], "heads.init_checkpoint")}
+            data[split] = _records_file(value, settings, f"data.{split}")
+    heads = {} if cfg.heads.init_checkpoint is None else {
+        "init_checkpoint": _confine_init_checkpoint(cfg.heads.init_checkpoint, checkpoint_root, data_root)}
     encoder: dict[str, Any] = {}
     if cfg.encoder.backend == "local" and cfg.encoder.model not in MODEL_ALIASES:
         encoder["model"] = str(confine(cfg.encoder.model, [settings.model_root], "encoder.model"))
@@ -189,8 +233,37 @@ def _effective(cfg: RecipeConfig, settings: TrainerSettings, job_id: str) -> Rec
     return _replace(
         cfg, data=data, heads=heads, encoder=encoder,
         cache={"dir": settings.effective_cache_dir.resolve(), "redis_url": None},
-        output={"checkpoint_root": confine(cfg.output.checkpoint_root, [checkpoint_root], "output.checkpoint_root"),
+        output={"checkpoint_root": _confine_checkpoint_root(cfg.output.checkpoint_root, checkpoint_root),
                 "report_dir": report_dir(settings, job_id)})
+
+
+def _absolute(location: Path | str) -> Path | str:
+    return location if is_bucket(location) else Path(location).resolve()
+
+
+def _confine_init_checkpoint(value: Path | str, checkpoint_root: Path | str, data_root: Path) -> Path | str:
+    """Heads to start from: a file or folder in the checkpoint or data root, or a version in the checkpoint bucket."""
+    key = "heads.init_checkpoint"
+    if is_bucket(value):
+        if is_bucket(checkpoint_root) and bucket_within(str(value), str(checkpoint_root)):
+            return value
+        raise JobConfigError(f"{key}: {str(value)!r} is outside the trainer's checkpoint root {checkpoint_root}",
+                             key=key, status=400)
+    return confine(value, [root for root in (checkpoint_root, data_root) if not is_bucket(root)], key)
+
+
+def _confine_checkpoint_root(value: Path | str, root: Path | str) -> Path | str:
+    """A job's ``output.checkpoint_root`` inside the service's: the same kind (folder or bucket), within it."""
+    key = "output.checkpoint_root"
+    if not is_bucket(root):
+        if is_bucket(value):
+            raise JobConfigError(f"{key}: {value!r} is a bucket; this trainer publishes into the folder {root}",
+                                 key=key, status=400)
+        return confine(value, [root], key)
+    if not is_bucket(value) or not bucket_within(str(value), str(root)):
+        raise JobConfigError(f"{key}: {str(value)!r} is outside {root}; a job publishes inside the trainer's "
+                             "checkpoint bucket", key=key, status=400)
+    return value
 
 
 def _replace(cfg: RecipeConfig, **sections: dict[str, Any]) -> RecipeConfig:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import re
-from pathlib import Path
 from typing import Literal
 
 from fastapi import APIRouter, Header, Query, Request
@@ -17,6 +17,7 @@ from clm_http.errors import APIError
 
 from .job_config import JobConfigError, prepare_config
 from .prometheus import TrainerMetrics
+from .report_store import REPORT_HTML, REPORT_JSON, JobReport, find_report
 from .models import Job, JobCreate, JobList
 from .settings import TrainerSettings
 from .store import IdempotencyConflict, JobStore, new_job_id, request_digest
@@ -57,8 +58,8 @@ async def create_job(request: Request, body: JobCreate,
     if idempotency_key is not None and not _IDEMPOTENCY_KEY.match(idempotency_key):
         raise APIError(400, "Idempotency-Key must be 1-255 visible ASCII characters", param="Idempotency-Key")
     job_id = new_job_id()
-    try:
-        config = prepare_config(body.config, settings, job_id)
+    try:  # in a thread: a data URL's existence is a HEAD to its store
+        config = await asyncio.to_thread(prepare_config, body.config, settings, job_id)
     except JobConfigError as error:
         metrics.rejected.labels("path" if error.status == 400 else "config").inc()
         raise APIError(error.status, error.message, param=error.key) from None
@@ -128,27 +129,27 @@ async def job_report(request: Request, job_id: str, format: Literal["json", "htm
     job = await _job_or_404(_store(request), job_id)
     if job.status != "succeeded":
         raise APIError(409, f"job {job_id} is {job.status}; a report exists once it has succeeded")
-    report_path = Path((job.result or {}).get("report") or "")
-    work_root = _settings(request).work_root.resolve()
-    resolved = report_path.resolve()
-    if work_root not in resolved.parents or not resolved.is_file():
-        raise APIError(404, f"the report of job {job_id} is no longer available under the work root")
+    # The local folder or the report store (clm_trainer.report_store): blocking file and store reads, off the loop.
+    report = await asyncio.to_thread(find_report, _settings(request), job_id)
+    if report is None:
+        raise APIError(404, f"the report of job {job_id} is no longer available (neither under the work root nor "
+                       "in the report store)")
+    content = await asyncio.to_thread(report.read, REPORT_JSON if format == "json" else REPORT_HTML)
+    if content is None:
+        raise APIError(404, f"job {job_id} has no {format.upper()} report")
     if format == "json":
-        return JSONResponse(json.loads(resolved.read_text(encoding="utf-8")))
-    html_path = resolved.with_suffix(".html")
-    if not html_path.is_file():
-        raise APIError(404, f"job {job_id} has no HTML report")
-    return HTMLResponse(_inline_diagrams(html_path.read_text(encoding="utf-8"), html_path.parent))
+        return JSONResponse(json.loads(content))
+    return HTMLResponse(await asyncio.to_thread(_inline_diagrams, content.decode("utf-8"), report))
 
 
-def _inline_diagrams(page: str, folder: Path) -> str:
+def _inline_diagrams(page: str, report: JobReport) -> str:
     """The page with its diagram PNGs as data URIs: one self-contained response, no file routes to secure."""
 
     def embed(match: re.Match) -> str:
-        png = folder / match.group(1)
-        if not png.is_file():
+        png = report.read(match.group(1))
+        if png is None:
             return match.group(0)
-        return f'src="data:image/png;base64,{base64.b64encode(png.read_bytes()).decode()}"'
+        return f'src="data:image/png;base64,{base64.b64encode(png).decode()}"'
 
     return _DIAGRAM_SRC.sub(embed, page)
 

@@ -30,11 +30,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from clm.checkpoint import JSON_FILE, PublishedVersion, list_versions
+from clm.checkpoint import JSON_FILE, PublishedVersion, list_versions, read_version_file
 from clm.recipes.config import RecipeConfig
 from clm.recipes.progress import Observers, ProgressEvent, RunObserver
 from clm.recipes.publishing import HeadsPublisher, Publication
 from clm.recipes.train_clm_heads import TrainCLMHeadsRecipe
+from clm.storage import StorageError
 
 logger = logging.getLogger(__name__)
 
@@ -47,12 +48,12 @@ class JobCancelled(Exception):
     """``should_cancel`` said stop; the worker knows why (cancel request, lost lease, shutdown)."""
 
 
-def find_published(root: Path, name: str, job_id: str) -> PublishedVersion | None:
+def find_published(root: Path | str, name: str, job_id: str) -> PublishedVersion | None:
     """The version of ``name`` that job ``job_id`` published, if any (newest first: a retry's is recent)."""
     for version in reversed(list_versions(root, name)):
         try:
-            metadata = json.loads((version.path / JSON_FILE).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            metadata = json.loads(read_version_file(root, version, JSON_FILE))
+        except (OSError, StorageError, ValueError):
             continue
         if (metadata.get("metrics") or {}).get(JOB_ID_METRIC) == job_id:
             return version
@@ -110,7 +111,8 @@ def run_job(cfg: RecipeConfig, *, job_id: str, work_dir: Path, observer: RunObse
     resume_dir.mkdir(parents=True, exist_ok=True)
     stop_points = _StopPoints(should_cancel)
     recipe = TrainCLMHeadsRecipe(cfg, observer=Observers(stop_points, observer), resume_dir=resume_dir,
-                                 publisher=OncePerJobPublisher(job_id, work_dir, should_cancel))
+                                 publisher=OncePerJobPublisher(job_id, work_dir, should_cancel,
+                                                                 HeadsPublisher(cfg.output.publish_retry_s)))
     recipe.run_train_validation_loop()
     assert recipe.result is not None  # the worker runs one process: rank 0
     return {**recipe.result.as_dict(), "resumed_from_epoch": stop_points.resumed_from_epoch}

@@ -12,6 +12,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from clm.redis_connect import parse_sentinel_url
+from clm.storage import Location, parse_location, parse_object_url
 from clm.redis_connect import redact as redact_url  # noqa: F401  (the one redaction, re-exported)
 from clm_http.settings import ServiceSettings, body_limit_field, port_field
 
@@ -27,8 +28,18 @@ class TrainerSettings(ServiceSettings):
     api_token: SecretStr = Field(SecretStr(""), description="Bearer token required on mutating routes; empty disables auth.")
     embedder_url: str = Field("http://127.0.0.1:8001", description="Embedder service the workers request vectors from.")
     data_root: Path = Field(Path("examples"), description="Job data paths must resolve inside this folder.")
+    data_stores: str = Field(
+        "", description="Where a job's `data.*` may name records by URL: comma-separated `s3://bucket/prefix` "
+        "locations (a URL must lie inside one, by whole path segments; endpoint and credentials from the standard "
+        "`AWS_*` variables). Empty: no URLs, only files under `data_root`.")
+    report_store: str = Field(
+        "", description="Where finished jobs' reports are kept: `<report_store>/<job id>/report.json`, `.html`, "
+        "`tensorboard/`... (a folder or `s3://bucket/prefix`), uploaded by the worker and served by "
+        "`GET /jobs/<id>/report` from any host. Empty: they stay in `<work_root>/<job id>/report`.")
     model_root: Path = Field(Path("var/models"), description="A local encoder model folder named by a job must resolve inside this folder.")
-    checkpoint_root: Path = Field(Path("var/checkpoints"), description="Published heads: <root>/<name>/vNNNN and latest.")
+    checkpoint_root: Location = Field(Path("var/checkpoints"), description="Published heads: <root>/<name>/vNNNN and "
+                                      "latest; a folder, or a bucket s3://bucket/prefix (its endpoint and keys from "
+                                      "the AWS_* variables).")
     work_root: Path = Field(Path("var/trainer"), description="Reports, epoch checkpoints for resume, embedding tables.")
     cache_dir: Path | None = Field(None, description="Embedding-table cache shared by all jobs (default: <work_root>/cache).")
     lease_seconds: float = Field(30.0, gt=0, description="A job whose worker misses heartbeats this long goes back to the queue.")
@@ -53,6 +64,18 @@ class TrainerSettings(ServiceSettings):
         parse_sentinel_url(url)  # a malformed Sentinel URL fails at start-up, naming the part at fault
         return url
 
+    @field_validator("data_stores")
+    @classmethod
+    def _data_stores_parse(cls, value: str) -> str:
+        # Each one parsed now, so a typo fails at start-up, not as a refusal of every job naming it.
+        return ",".join(str(parse_object_url(item.strip(), need_key=False)) for item in value.split(",")
+                        if item.strip())
+
+    @field_validator("report_store")
+    @classmethod
+    def _report_store_parses(cls, value: str) -> str:
+        return str(parse_location(value.strip())) if value.strip() else ""
+
     @model_validator(mode="after")
     def _lease_outlives_heartbeats(self) -> "TrainerSettings":
         # A lease shorter than two heartbeats expires under a healthy worker: jobs would run twice.
@@ -60,6 +83,11 @@ class TrainerSettings(ServiceSettings):
             raise ValueError(f"lease_seconds ({self.lease_seconds}) must be at least twice the heartbeat interval "
                              f"({min(self.heartbeat_seconds, self.cancel_poll_seconds)}s)")
         return self
+
+    @property
+    def data_store_locations(self) -> list[str]:
+        """``data_stores`` as a list of ``s3://bucket[/prefix]`` locations (normalized at start-up)."""
+        return [item for item in self.data_stores.split(",") if item]
 
     @property
     def effective_cache_dir(self) -> Path:

@@ -15,6 +15,9 @@ Failure behaviour, by design:
   refused; it notices on its next heartbeat and abandons the run.
 * **Redis outage**: the worker keeps training and retries its writes; the
   finish is retried until Redis is back (or the lease is known lost).
+* **Report store outage** (``CLM_TRAINER_REPORT_STORE``): the finished job's
+  report upload is retried for up to two minutes, then the job fails with the
+  store's error (its heads are published; its report stays in the work root).
 """
 
 from __future__ import annotations
@@ -34,10 +37,12 @@ import redis
 from clm.errors import KindedError, job_code
 from clm.recipes.errors import DISK_FULL_ERRNOS
 from clm.retry import RetryPolicy, failure_of, next_sleep
+from clm.storage import StoreUnavailable
 
 from .job_config import load_job_config
 from .job_progress import JobProgressRecorder, finite
 from .queue import Claim, JobQueue
+from .report_store import upload_report
 from .runner import JobCancelled, run_job
 from .settings import TrainerSettings, redact_url
 from .worker_prometheus import WorkerMetrics
@@ -47,6 +52,8 @@ logger = logging.getLogger(__name__)
 # How a worker waits for Redis (restarting, failing over): until it answers, with jittered backoff.
 _CLAIM_RETRY = RetryPolicy(initial_wait_s=0.5, max_wait_s=10.0)
 _CALL_RETRY = RetryPolicy(initial_wait_s=0.2, max_wait_s=5.0)
+# A finished job's report upload, while the report store is unavailable: a while, then the job fails (unavailable).
+_STORE_RETRY = RetryPolicy(budget_s=120.0, initial_wait_s=0.5, max_wait_s=10.0)
 
 
 def _redis_down(error: BaseException) -> bool:
@@ -203,6 +210,9 @@ class Worker:
                                  should_cancel=monitor.should_stop)
             finally:
                 recorder.close()
+            stored_report = self._upload_report(claim, monitor)
+            if stored_report is not None:
+                result = {**result, "report": stored_report}  # where any API host finds it
             return "succeeded", None, finite(result)
         except JobCancelled:
             if monitor.lost.is_set():
@@ -228,6 +238,18 @@ class Worker:
         else:
             logger.warning("job %s: finished as %s, but the lease was lost meanwhile; the result is dropped "
                            "(the job's current owner finishes it)", claim.job_id, status)
+
+    def _upload_report(self, claim: Claim, monitor: LeaseMonitor) -> str | None:
+        """The finished job's report copied to the report store (``clm_trainer.report_store``), retried while the
+        store is unavailable for up to ``_STORE_RETRY``'s budget; its location there, None without a store."""
+        def announce(state) -> None:
+            self.metrics.retries.labels("report_store").inc()
+            logger.warning("job %s: uploading the report failed (%s); retrying in %.1fs", claim.job_id,
+                           failure_of(state), next_sleep(state))
+
+        retrying = _STORE_RETRY.retrying(lambda error: isinstance(error, StoreUnavailable), before_sleep=announce,
+                                         stop_event=monitor.lost)
+        return retrying(upload_report, self.settings, claim.job_id)
 
     def _claim_next(self) -> Claim | None:
         self._reap_if_due()

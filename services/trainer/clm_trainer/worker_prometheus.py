@@ -37,13 +37,14 @@ class WorkerMetrics:
         self.lease_renewals = Counter("clm_trainer_worker_lease_renewals", "Lease heartbeats, by result "
                                       "(renewed, lost, error: Redis unavailable).", ["result"], registry=r)
         self.retries = Counter("clm_trainer_worker_retries", "Retries, by cause (redis: a queue write retried; "
-                               "embedder: an embedding batch retried while the embedder was unavailable).",
+                               "embedder: an embedding batch retried while the embedder was unavailable; "
+                               "report_store: a report upload retried while the report store was unavailable).",
                                ["cause"], registry=r)
         for outcome in ("succeeded", "failed", "cancelled", "released", "lost"):
             self.jobs.labels(outcome)
         for result in ("renewed", "lost", "error"):
             self.lease_renewals.labels(result)
-        for cause in ("redis", "embedder"):
+        for cause in ("redis", "embedder", "report_store"):
             self.retries.labels(cause)
 
     def serve(self, port: int, host: str = "0.0.0.0") -> bool:

@@ -1,8 +1,9 @@
-"""The embedding cache (ARCHITECTURE §4): Redis (hot) -> LMDB (durable) -> encoder backend.
+"""The embedding cache (ARCHITECTURE §4): Redis (hot) -> LMDB (durable) -> object store (shared) -> encoder.
 
-Typical wiring (the embedder service and the trainer's embedded mode)::
+Typical wiring (the embedder service and the trainer's embedded mode; ``store`` is optional)::
 
-    cache = EmbeddingCache(redis=RedisTier(redis_url), disk=DiskTier(cache_dir))
+    cache = EmbeddingCache(redis=RedisTier(redis_url), disk=DiskTier(cache_dir),
+                           store=StoreTier(open_store("s3://bucket/embeddings")))
     result = await cache.get_or_encode(texts, backend)   # float32 [n, dim], input order
     ...
     await cache.aclose()
@@ -13,6 +14,7 @@ from clm.cache.disk_tier import DiskTier, DiskTierFull, DiskTierStats
 from clm.cache.metrics import CacheMetrics, cache_metrics
 from clm.cache.redis_tier import RedisTier, TierUnavailable
 from clm.cache.results import CacheHealth, CacheResult, CacheTotals, TierHealth
+from clm.cache.store_tier import StoreTier
 from clm.cache.tiered import EmbeddingCache
 
 __all__ = [
@@ -26,6 +28,7 @@ __all__ = [
     "DiskTierStats",
     "EmbeddingCache",
     "RedisTier",
+    "StoreTier",
     "TierHealth",
     "TierUnavailable",
     "cache_key",

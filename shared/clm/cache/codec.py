@@ -1,8 +1,8 @@
 """Cache keys and the on-the-wire/on-disk format of one cached vector.
 
-Both tiers (Redis and LMDB) store exactly the bytes produced here, so a value
-can move between tiers unchanged and either tier can be inspected with the
-same decoder. Nothing is ever pickled: a cache shared by several services must
+Every tier (Redis, LMDB, the shared object store) stores exactly the bytes
+produced here, so a value can move between tiers unchanged and any tier can be
+inspected with the same decoder. Nothing is ever pickled: a cache shared by several services must
 not be a remote-code-execution channel, and the format must outlive Python
 and numpy versions.
 

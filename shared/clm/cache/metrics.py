@@ -50,6 +50,9 @@ class CacheMetrics:
         self.redis_available = Gauge("clm_cache_redis_available",
                                      "1 while the Redis tier answers, 0 while the cache runs degraded.",
                                      registry=registry)
+        self.store_available = Gauge("clm_cache_store_available",
+                                     "1 while the shared object-store tier answers, 0 while the cache runs "
+                                     "without it (or has no such tier).", registry=registry)
 
 
 _by_registry: "weakref.WeakKeyDictionary[CollectorRegistry, CacheMetrics]" = weakref.WeakKeyDictionary()

@@ -13,7 +13,7 @@ class CacheResult:
 
     Counts are of UNIQUE texts in the request (a text repeated in the request
     is looked up, and encoded, once):
-    ``redis_hits + disk_hits + misses + coalesced == unique_texts``.
+    ``redis_hits + disk_hits + store_hits + misses + coalesced == unique_texts``.
     """
 
     vectors: np.ndarray  # float32 [len(texts), dim], rows in input order (duplicates repeated)
@@ -26,14 +26,16 @@ class CacheResult:
     redis_available: bool  # False: Redis was skipped (down); the result came from disk + backend
     # Each row's token count as cached beside its vector (None: not known, see clm.cache.codec).
     token_counts: tuple[int | None, ...] = ()
+    store_hits: int = 0  # found in the shared object-store tier (in neither Redis nor this pod's disk)
 
     @property
     def unique_texts(self) -> int:
-        return self.redis_hits + self.disk_hits + self.misses + self.coalesced
+        return self.redis_hits + self.disk_hits + self.store_hits + self.misses + self.coalesced
 
     def counts(self) -> dict[str, int | bool]:
         """The counters without the vectors (for response headers and logs)."""
-        return {"redis_hits": self.redis_hits, "disk_hits": self.disk_hits, "misses": self.misses,
+        return {"redis_hits": self.redis_hits, "disk_hits": self.disk_hits, "store_hits": self.store_hits,
+                "misses": self.misses,
                 "coalesced": self.coalesced, "corrupt_dropped": self.corrupt_dropped,
                 "prompt_tokens": self.prompt_tokens, "redis_available": self.redis_available}
 
@@ -46,6 +48,7 @@ class CacheTotals:
     texts: int = 0
     redis_hits: int = 0
     disk_hits: int = 0
+    store_hits: int = 0
     misses: int = 0
     coalesced: int = 0
     corrupt_dropped: int = 0
@@ -56,6 +59,7 @@ class CacheTotals:
         self.texts += texts
         self.redis_hits += result.redis_hits
         self.disk_hits += result.disk_hits
+        self.store_hits += result.store_hits
         self.misses += result.misses
         self.coalesced += result.coalesced
         self.corrupt_dropped += result.corrupt_dropped
@@ -77,11 +81,13 @@ class TierHealth:
 class CacheHealth:
     redis: TierHealth
     disk: TierHealth
+    store: TierHealth = TierHealth(configured=False, available=False)  # the shared object-store tier
 
     @property
     def degraded(self) -> bool:
         """A configured tier is not working: the cache still serves, slower or less durably."""
-        return any(t.configured and not t.available for t in (self.redis, self.disk))
+        return any(t.configured and not t.available for t in (self.redis, self.disk, self.store))
 
     def as_dict(self) -> dict:
-        return {"degraded": self.degraded, "redis": asdict(self.redis), "disk": asdict(self.disk)}
+        return {"degraded": self.degraded, "redis": asdict(self.redis), "disk": asdict(self.disk),
+                "store": asdict(self.store)}

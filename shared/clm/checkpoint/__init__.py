@@ -34,7 +34,9 @@ from clm.checkpoint.store import (
     PublishedVersion,
     list_versions,
     load_heads_reference,
+    fetch_version,
     publish_checkpoint,
+    read_version_file,
     resolve_latest,
 )
 
@@ -59,8 +61,10 @@ __all__ = [
     "list_versions",
     "load_checkpoint",
     "load_heads_reference",
+    "fetch_version",
     "publish_checkpoint",
     "read_option_texts",
+    "read_version_file",
     "resolve_latest",
     "save_checkpoint",
 ]

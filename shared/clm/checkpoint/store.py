@@ -21,24 +21,41 @@ Publishing (ARCHITECTURE §6: a reader never sees a half-written checkpoint):
 rather than a symlink because shared volumes do not all keep symlinks (object-store
 syncs, ``kubectl cp``, SMB), and a file replace is a plain modify event for the
 watchers that hot-reload clm-serve.
+
+A root may also be a bucket, ``s3://bucket/prefix`` (``clm.storage.is_bucket``): the
+same layout and guarantees, kept with the store's conditional writes instead of
+renames and locks (``clm.checkpoint.versions``). Every function here takes either.
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import re
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from clm.checkpoint.copies import VersionCache
 from clm.checkpoint.files import LoadedCheckpoint, load_checkpoint, read_manifest, save_checkpoint
 from clm.checkpoint.format import MANIFEST_FILE, PT_FILE, CheckpointError
+from clm.checkpoint.versions import (
+    checkpoint_files,
+    list_store_versions,
+    publish_files,
+    resolve_store_latest,
+    version_label,
+)
 from clm.durable import atomic_write_bytes, fsync_dir, temp_sibling
 from clm.encoders.base import EncoderFingerprint
 from clm.heads import CLMHeadPair
+from clm.retry import RetryPolicy
+from clm.storage import ObjectStore, is_bucket, open_store
 
+Root = str | os.PathLike  # a folder, or a bucket location s3://bucket/prefix
 LATEST_FILE = "latest"
 _LOCK_FILE = ".publish.lock"
 _VERSION_DIR = re.compile(r"^v(\d{4,})$")
@@ -50,20 +67,21 @@ _MAX_CLAIM_ATTEMPTS = 1000
 class PublishedVersion:
     name: str
     version: int
-    path: Path  # the version directory
+    path: Path | None  # the version directory; None for a version in a bucket (``location`` says where)
     sha256: str  # identity of its heads.pt (what a child records as `parent`)
+    location: str = ""  # where it is, for people and job results: the folder, or s3://bucket/prefix/name/vNNNN
+
+    def __post_init__(self) -> None:
+        if not self.location and self.path is not None:
+            object.__setattr__(self, "location", str(self.path))
 
     @property
     def label(self) -> str:
         return version_label(self.version)
 
 
-def version_label(version: int) -> str:
-    return f"v{version:04d}"
-
-
 def publish_checkpoint(
-    root: str | os.PathLike,
+    root: Root,
     name: str,
     heads: CLMHeadPair,
     encoder_fingerprint: EncoderFingerprint,
@@ -71,8 +89,19 @@ def publish_checkpoint(
     metrics: dict | None = None,
     parent: str | None = None,
     option_texts: list[str] | None = None,
+    retry: RetryPolicy | None = None,
 ) -> PublishedVersion:
-    """Write the heads as the next version of ``name`` under ``root`` and move ``latest`` to it."""
+    """Write the heads as the next version of ``name`` under ``root`` and move ``latest`` to it.
+
+    ``retry``: how long to keep trying through an outage of a bucket (a folder is not retried: a full
+    or read-only volume does not heal by waiting)."""
+    if is_bucket(root):
+        store = _bucket(root, name)
+        with tempfile.TemporaryDirectory(prefix="clm-publish-") as staging:
+            saved = save_checkpoint(Path(staging, "heads"), heads, encoder_fingerprint, template_version, metrics,
+                                    parent, option_texts)
+            version = publish_files(store, name, checkpoint_files(Path(staging, "heads")), retry)
+        return _in_bucket(store, name, version, saved.sha256)
     name_dir = _name_dir(root, name)
     name_dir.mkdir(parents=True, exist_ok=True)
     staging = temp_sibling(name_dir / "staging", "publish")
@@ -87,8 +116,11 @@ def publish_checkpoint(
     return PublishedVersion(name=name, version=version, path=version_dir, sha256=saved.sha256)
 
 
-def list_versions(root: str | os.PathLike, name: str) -> list[PublishedVersion]:
+def list_versions(root: Root, name: str) -> list[PublishedVersion]:
     """Every complete version of ``name``, oldest first (staging folders are never listed)."""
+    if is_bucket(root):
+        store = _bucket(root, name)
+        return [_in_bucket(store, name, version) for version in list_store_versions(store, name)]
     name_dir = _name_dir(root, name)
     if not name_dir.is_dir():
         return []
@@ -100,8 +132,11 @@ def list_versions(root: str | os.PathLike, name: str) -> list[PublishedVersion]:
     return sorted(versions, key=lambda v: v.version)
 
 
-def resolve_latest(root: str | os.PathLike, name: str) -> PublishedVersion:
+def resolve_latest(root: Root, name: str) -> PublishedVersion:
     """The version ``latest`` points at; ``CheckpointError`` when none is published or the pointer is bad."""
+    if is_bucket(root):
+        store = _bucket(root, name)
+        return _in_bucket(store, name, resolve_store_latest(store, name))
     name_dir = _name_dir(root, name)
     version = _read_latest(name_dir)
     if version is None:
@@ -113,27 +148,75 @@ def resolve_latest(root: str | os.PathLike, name: str) -> PublishedVersion:
     return PublishedVersion(name, version, version_dir, sha)
 
 
-def load_heads_reference(path: str | os.PathLike) -> LoadedCheckpoint:
+def read_version_file(root: Root, version: PublishedVersion, file_name: str) -> bytes:
+    """One file of a published version (its ``heads.json``, say), from the folder or the bucket."""
+    if version.path is not None:
+        return (version.path / file_name).read_bytes()
+    return _bucket(root, version.name).get(f"{version.name}/{version.label}/{file_name}").data
+
+
+def fetch_version(root: Root, version: PublishedVersion, cache_dir: Path) -> Path:
+    """A folder holding ``version`` for the loaders: its own folder, or a copy of it from the bucket under
+    ``cache_dir`` (``clm.checkpoint.copies.VersionCache``: a version never changes, so a complete copy whose
+    manifest is the bucket's is reused)."""
+    if version.path is not None:
+        return version.path
+    store = _bucket(root, version.name)
+    return VersionCache(cache_dir, store).fetch(store, version.name, version.version)
+
+
+def load_heads_reference(path: Root, cache_dir: Path | None = None) -> LoadedCheckpoint:
     """A .pt file (our heads.pt, or any upstream-format file such as ``CLM_v0.1-8B.pt``), a checkpoint
-    folder, or a published name folder (then the version its ``latest`` names).
+    folder, or a published name folder (then the version its ``latest`` names); in a bucket,
+    ``s3://.../<name>/vNNNN`` or ``s3://.../<name>`` (its latest), copied under ``cache_dir`` first
+    (default: a temporary folder).
 
     How a recipe's ``heads.init_checkpoint`` and ``clm eval --compare`` name heads. A file
     without an encoder fingerprint must then pass ``clm.checkpoint.compat.check_heads_encoder``
     against the run's encoder (the recipe does so).
     """
+    if is_bucket(path):
+        root, _, last = str(path).rstrip("/").rpartition("/")
+        if _VERSION_DIR.match(last) and "/" in root.removeprefix("s3://"):
+            root, _, name = root.rpartition("/")
+            published = _in_bucket(_bucket(root, name), name, _parse_version(last))
+        else:
+            published = resolve_latest(root, last)
+        if cache_dir is not None:
+            return load_checkpoint(fetch_version(root, published, cache_dir))
+        with tempfile.TemporaryDirectory(prefix="clm-heads-") as scratch:
+            return load_checkpoint(fetch_version(root, published, Path(scratch)))
     path = Path(path)
     if (path / LATEST_FILE).is_file():
         path = resolve_latest(path.parent, path.name).path
     return load_checkpoint(path)
 
 
-def _name_dir(root: str | os.PathLike, name: str) -> Path:
+def _check_name(name: str) -> str:
     if not _SAFE_NAME.match(name) or name in {".", ".."}:
         raise ValueError(
             f"checkpoint name {name!r} must be 1-128 characters of letters, digits, '.', '_' or '-', "
             "starting with a letter or digit"
         )
-    return Path(root) / name
+    return name
+
+
+def _name_dir(root: str | os.PathLike, name: str) -> Path:
+    return Path(root) / _check_name(name)
+
+
+def _bucket(root: Root, name: str) -> ObjectStore:
+    _check_name(name)
+    return open_store(root)
+
+
+def _in_bucket(store: ObjectStore, name: str, version: int, sha256: str | None = None) -> PublishedVersion:
+    """A version in a bucket; its identity is read from its manifest unless the publisher knows it."""
+    label = version_label(version)
+    if sha256 is None:
+        manifest = json.loads(store.get(f"{name}/{label}/{MANIFEST_FILE}").data)
+        sha256 = manifest["files"][PT_FILE]["sha256"]
+    return PublishedVersion(name, version, None, sha256, f"{store.url}/{name}/{label}")
 
 
 def _parse_version(label: str) -> int:

@@ -19,11 +19,17 @@ Publishing, with nothing but the conditions of ``ObjectStore.put``:
 3. **Move** ``latest`` by compare-and-swap on its ETag (``If-Match``; create-
    only when there is none yet), and only forward: a publisher that finishes
    after a newer one leaves ``latest`` alone, so it never moves backwards.
+
+With a ``retry`` policy, an outage of the store (``StoreUnavailable``) is tried
+again step by step: a version whose files or manifest failed is abandoned (it
+was never visible) and a new number is claimed; a failed move of ``latest``
+is only repeated, so the written version is not published twice.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import socket
@@ -34,7 +40,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from clm.checkpoint.format import MANIFEST_FILE, CheckpointError
-from clm.storage.base import AlreadyExists, NotFound, ObjectStore, PreconditionFailed
+from clm.retry import RetryPolicy, failure_of, next_sleep
+from clm.storage.base import AlreadyExists, NotFound, ObjectStore, PreconditionFailed, StoreUnavailable
+
+logger = logging.getLogger(__name__)
 
 LATEST_KEY = "latest"
 CLAIM_FILE = "claim.json"
@@ -120,17 +129,32 @@ def advance_latest(store: ObjectStore, name: str, version: int) -> None:
     raise CheckpointError(f"could not move {store.url}/{name}/{LATEST_KEY} after {_MAX_ROUNDS} attempts")
 
 
-def publish_files(store: ObjectStore, name: str, files: Mapping[str, bytes]) -> int:
-    """Publish ``files`` (the manifest among them) as the next version of ``name``; returns its number."""
+def publish_files(store: ObjectStore, name: str, files: Mapping[str, bytes], retry: RetryPolicy | None = None) -> int:
+    """Publish ``files`` (the manifest among them) as the next version of ``name``; returns its number.
+
+    ``retry``: how long to keep trying through an outage of the store (default: one try)."""
     if MANIFEST_FILE not in files:
         raise CheckpointError(f"a version needs its {MANIFEST_FILE}")
+
+    def announce(state) -> None:
+        logger.warning("publishing %s to %s: %s; trying again in %.1fs", name, store.url, failure_of(state),
+                       next_sleep(state))
+
+    attempt = (retry or RetryPolicy(attempts=1)).retrying(lambda error: isinstance(error, StoreUnavailable),
+                                                           before_sleep=announce)
+    version = attempt(_write_version, store, name, files)
+    attempt(advance_latest, store, name, version)
+    return version
+
+
+def _write_version(store: ObjectStore, name: str, files: Mapping[str, bytes]) -> int:
+    """Claim the next number and write the files under it, the manifest last; returns the number."""
     version = claim_version(store, name)
     prefix = f"{name}/{version_label(version)}"
     for file_name, data in files.items():
         if file_name != MANIFEST_FILE:
             store.put(f"{prefix}/{file_name}", data)
     store.put(f"{prefix}/{MANIFEST_FILE}", files[MANIFEST_FILE])  # last: the version exists from here on
-    advance_latest(store, name, version)
     return version
 
 
@@ -152,7 +176,10 @@ def download_version(store: ObjectStore, name: str, version: int, into: Path) ->
     with tempfile.TemporaryDirectory(dir=target.parent) as staging:
         for file_name in json.loads(manifest)["files"]:
             Path(staging, file_name).write_bytes(store.get(f"{prefix}/{file_name}").data)
-        Path(staging, MANIFEST_FILE).write_bytes(manifest)
         for entry in Path(staging).iterdir():
             os.replace(entry, target / entry.name)
+        # The manifest last: a copy holding it is complete (``fetch_version`` reuses such a copy), even after a
+        # crash between two of these renames.
+        Path(staging, MANIFEST_FILE).write_bytes(manifest)
+        os.replace(Path(staging, MANIFEST_FILE), target / MANIFEST_FILE)
     return target

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from clm.errors import BAD_INPUT, KIND_OUTCOMES
+from clm.storage import is_bucket
 
 EXIT_CONFIG = KIND_OUTCOMES[BAD_INPUT].exit_code  # an A or B that names nothing (clm.errors: bad input)
 
@@ -47,12 +48,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run, accepts_overrides=True)
 
 
-def resolve_heads(reference: str, checkpoint_root: Path) -> Path:
-    """A path as given if it exists, else a published name (or name/version) under ``checkpoint_root``."""
+def resolve_heads(reference: str, checkpoint_root: Path | str) -> Path | str:
+    """A path as given if it exists (or a bucket location as given), else a published name (or name/version)
+    under ``checkpoint_root`` (a folder, or a bucket: then its location, loaded from there)."""
+    if is_bucket(reference):
+        return reference
     path = Path(reference)
     if path.exists():
         return path
-    published = checkpoint_root / reference
+    if is_bucket(checkpoint_root):
+        return f"{checkpoint_root}/{reference}"
+    published = Path(checkpoint_root) / reference
     if published.exists():
         return published
     raise FileNotFoundError(f"{reference!r} is neither a checkpoint path nor a name published under {checkpoint_root}")
@@ -67,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         settings = BootstrapSettings(**{k: v for k, v in (("replicates", args.replicates), ("seed", args.seed))
                                         if v is not None})
         config = load_config(args.config, overrides)
-        root = Path(config.output.checkpoint_root)
+        root = config.output.checkpoint_root
         heads = [resolve_heads(reference, root) for reference in args.compare]
         config = load_config(args.config, [*overrides, "--mode", "eval", "--heads.init_checkpoint", str(heads[0])])
     except (ConfigError, BootstrapInputError, FileNotFoundError) as error:
@@ -76,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     return _compare_here(args, config, heads, settings)
 
 
-def _compare_here(args: argparse.Namespace, config: Any, heads: list[Path], settings: Any) -> int:
+def _compare_here(args: argparse.Namespace, config: Any, heads: list[Path | str], settings: Any) -> int:
     from clm.checkpoint import load_heads_reference
     from clm.evaluation.comparison import compare_heads
     from clm.recipes.progress import TqdmProgress
@@ -86,7 +92,7 @@ def _compare_here(args: argparse.Namespace, config: Any, heads: list[Path], sett
     recipe = TrainCLMHeadsRecipe(config, observer=progress)
     try:  # a core error (bad input: exit 2; the cache or the encoder failed: 1) is printed by `clm`
         recipe.setup()  # loads the splits and A, embeds every text once (from the cache when it can)
-        other = load_heads_reference(heads[1])
+        other = load_heads_reference(heads[1], cache_dir=Path(config.cache.dir) / "heads")
         recipe.check_checkpoint_encoder(other, key="--compare B")
         assert recipe.init_checkpoint is not None and recipe.table is not None
         splits = compare_heads(

@@ -48,6 +48,7 @@ from clm.encoders.model_identity import (
     resolve_pooling,
 )
 from clm.encoders.retrying import is_outage
+from clm.encoders.vllm_replicas import parse_urls
 from clm.retry import RetryPolicy, failure_of, next_sleep
 
 log = logging.getLogger(__name__)
@@ -122,9 +123,9 @@ class EncoderSpec(BaseModel):
     local_batch_tokens: int = Field(16384, gt=0, description="token budget of one forward batch")
     local_batch_texts: int = Field(64, gt=0, description="texts in one forward batch at most")
     # vllm and embedder: HTTP
-    url: str = ""
+    url: str = Field("", description="the server's base URL; vllm: several replicas' URLs, comma-separated")
     remote_batch_texts: int = Field(256, gt=0, description="texts per HTTP request")
-    max_concurrency: int = Field(4, gt=0, description="HTTP requests in flight at once")
+    max_concurrency: int = Field(4, gt=0, description="HTTP requests in flight at once (vllm: per replica)")
     timeout_s: float = Field(120.0, gt=0)
     retries: int = Field(3, ge=0, description="retries of one request on connection errors and 5xx")
     api_key: str = Field("", repr=False, description="bearer token for a server started with an API key "
@@ -142,7 +143,16 @@ class EncoderSpec(BaseModel):
     def _remote_needs_url(self) -> "EncoderSpec":
         if self.backend != "local" and not self.url:
             raise ValueError(f"the {self.backend} backend needs a url")
+        if self.backend == "vllm":
+            parse_urls(self.url)  # a malformed list fails here, naming the entry
+        elif self.backend == "embedder" and "," in self.url:
+            raise ValueError(f"the embedder backend takes one url, not a list: {self.url!r}")
         return self
+
+    @property
+    def first_url(self) -> str:
+        """The url, or (vllm replicas) the first of them: every replica serves the same model."""
+        return parse_urls(self.url)[0]
 
     @property
     def is_remote(self) -> bool:
@@ -157,7 +167,7 @@ class EncoderSpec(BaseModel):
         if model_dir is not None:
             check_max_tokens(model_dir, name, self.max_tokens)
             return self._folder_fingerprint(model_dir, name), model_hidden_size(model_dir)
-        return self._weights_id_fingerprint(), probe_dim(self.url, self.served_model, api_key=self.api_key)
+        return self._weights_id_fingerprint(), probe_dim(self.first_url, self.served_model, api_key=self.api_key)
 
     def build(self, on_retry: RetryNotice | None = None) -> EncoderBackend:
         """The encoder this spec describes (loads the model for ``local``: call it off the event loop)."""
@@ -175,7 +185,10 @@ class EncoderSpec(BaseModel):
             options.update(embed_dtype=self.wire_dtype, require_digest_header=True)
         else:
             options.update(served_model=self.served_model or None)
-        return VLLMEncoder(self.url, fingerprint=fingerprint, dim=dim, api_key=self.api_key, **options)
+        encoder = VLLMEncoder(self.url, fingerprint=fingerprint, dim=dim, api_key=self.api_key, **options)
+        if self.backend == "vllm":
+            encoder.identify_replicas()  # several replicas serving different models refuse to start here
+        return encoder
 
     def tokenizer_folder(self) -> Path | None:
         """The model folder whose tokenizer turns texts into what this encoder sees (None: the embedder

@@ -77,6 +77,16 @@ class Tokenizer:
     def _count(self, texts: list[str], options: EncodeOptions, limit: int) -> list[int]:
         if not texts:
             return []
+        backend = getattr(self.hf, "backend_tokenizer", None)
+        if backend is not None and hasattr(backend, "encode_batch_fast"):
+            # The Rust tokenizer without offsets: the same ids, a third less CPU (the embedder counts every
+            # text vLLM encodes, and on a shared machine that CPU is the replicas'). Counts are capped at
+            # limit + 1 either way, so cutting first changes nothing. Only this thread uses the tokenizer;
+            # the wrapper resets truncation and padding on each of its own calls.
+            backend.no_truncation()
+            backend.no_padding()
+            encoded = backend.encode_batch_fast(texts, add_special_tokens=options.add_special_tokens)
+            return [counted_tokens(len(row.ids), limit) for row in encoded]
         if options.truncation_side is None:  # vLLM tokenizes with max_length = limit + 1 (enough to tell longer)
             ids = self.hf(texts, add_special_tokens=options.add_special_tokens, truncation=True,
                           max_length=limit + 1, return_attention_mask=False)["input_ids"]
@@ -228,12 +238,20 @@ class TokenCountingEncoder:
         self.max_batch_texts = inner.max_batch_texts
 
     async def encode(self, texts: list[str], options: EncodeOptions | None = None) -> EncodeResult:
-        result = await (self.inner.encode(texts) if options is None else
-                        self.inner.encode(texts, options=options))  # type: ignore[call-arg]
+        effective = (options or EncodeOptions()).effective(self.fingerprint)
+        # Counted while the server encodes, not after: the batch's slot (a vLLM request) is free sooner.
+        counting = asyncio.ensure_future(self.tokenizer.count(list(texts), effective,
+                                                              effective.limit(self.fingerprint)))
+        try:
+            result = await (self.inner.encode(texts) if options is None else
+                            self.inner.encode(texts, options=options))  # type: ignore[call-arg]
+        except BaseException:
+            counting.cancel()
+            await asyncio.gather(counting, return_exceptions=True)
+            raise
+        counts = await counting
         if result.token_counts is not None:
             return result
-        options = (options or EncodeOptions()).effective(self.fingerprint)
-        counts = await self.tokenizer.count(list(texts), options, options.limit(self.fingerprint))
         return dataclasses.replace(result, token_counts=tuple(counts))
 
     async def health(self) -> bool:

@@ -13,6 +13,14 @@ What it adds over a bare POST:
   embedder turns into 503; a 4xx is the input's fault and is reported as
   :class:`EncoderInputError` naming the offending input.
 
+``base_url`` may list several vLLM replicas (comma-separated, or a list): each
+request goes to the one with the fewest requests in flight, a failed attempt is
+retried on another, and replicas must prove they serve the same model before
+they get traffic (:mod:`clm.encoders.vllm_replicas`). ``max_concurrency`` is per
+replica: ``max_in_flight`` requests (and ``max_in_flight`` × ``max_batch_texts``
+texts) run at once in all. That one bound is what a caller's in-flight setting
+maps onto (the recipe's ``encoder.max_texts_in_flight``).
+
 The client is given its fingerprint: ``clm.encoders.spec`` derives it from the
 model folder exactly as for the local backend (so vectors from either backend
 share cache keys), or asks the embedder service for it.
@@ -46,6 +54,7 @@ from clm.encoders.base import (
 )
 from clm.encoders.batching import batch_by_budget
 from clm.encoders.options import EncodeOptions, token_ids_of
+from clm.encoders.vllm_replicas import PROBE_TEXT, Replica, ReplicaSet, parse_urls
 from clm.retry import RetryPolicy
 
 
@@ -77,6 +86,8 @@ class _FirstFailure:
 
 
 def _is_transient(exc: BaseException) -> bool:
+    if isinstance(exc, EncoderUnavailable):  # no replica could take the request yet
+        return True
     if isinstance(exc, httpx.HTTPStatusError):
         return exc.response.status_code >= 500
     return isinstance(exc, httpx.TransportError)  # connect/read errors, timeouts, dropped connections
@@ -100,7 +111,7 @@ class VLLMEncoder:
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | list[str],
         *,
         fingerprint: EncoderFingerprint,
         dim: int,
@@ -120,7 +131,8 @@ class VLLMEncoder:
         if embed_dtype not in _WIRE_DTYPES:
             raise ValueError(f"embed_dtype must be one of {sorted(_WIRE_DTYPES)}, got {embed_dtype!r}")
         self.embed_dtype = embed_dtype
-        self.base_url = base_url.rstrip("/")
+        urls = parse_urls(base_url)
+        self.base_url = ",".join(urls)  # as configured, for messages
         self.fingerprint = fingerprint
         self.dim = dim
         self.served_model = served_model
@@ -138,14 +150,16 @@ class VLLMEncoder:
         # answer proves the identity, so a separate identity poll (clm-serve's) can skip its round trip.
         self.verified_at = 0.0
         self._retry = RetryPolicy(attempts=retry_attempts, initial_wait_s=retry_initial_s, max_wait_s=retry_max_s)
-        self._slots = asyncio.Semaphore(max_concurrency)
-        self._client = httpx.AsyncClient(
-            base_url=self.base_url,
-            timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 5.0)),
-            limits=httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency),
-            # vLLM's --api-key (and the embedder's): a bearer token; never logged (httpx logs no headers).
-            headers={"Authorization": f"Bearer {api_key}"} if api_key else None,
-        )
+        # The one bound on this client's work in flight: requests (each at most max_batch_texts texts).
+        self.max_in_flight = max_concurrency * len(urls)
+        self._slots = asyncio.Semaphore(self.max_in_flight)
+        # vLLM's --api-key (and the embedder's): a bearer token; never logged (httpx logs no headers).
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+        timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 5.0))
+        # Each replica's pool admits every slot: with a replica down, the others take its share.
+        limits = httpx.Limits(max_connections=self.max_in_flight, max_keepalive_connections=self.max_in_flight)
+        self._replicas = ReplicaSet(urls, timeout=timeout, headers=headers, limits=limits,
+                                    probe_payload=self._payload([PROBE_TEXT], EncodeOptions()))
 
     # ---- EncoderBackend -------------------------------------------------------------------
 
@@ -183,14 +197,19 @@ class VLLMEncoder:
         return EncodeResult(vectors=vectors, prompt_tokens=prompt_tokens)
 
     async def health(self) -> bool:
-        try:
-            response = await self._client.get("/health", timeout=5.0)
-        except httpx.HTTPError:
-            return False
-        return response.status_code == 200
+        """Some replica can take requests."""
+        return any(row["ok"] for row in await self._replicas.health())
+
+    async def replica_health(self) -> list[dict[str, Any]]:
+        """Per replica: ``url``, ``ok``, ``in_flight`` and, when not ok, ``error`` (clm.encoders.vllm_replicas)."""
+        return await self._replicas.health()
+
+    def identify_replicas(self) -> None:
+        """Start-up, blocking: identify every reachable replica; replicas that differ raise ``ReplicasDiffer``."""
+        self._replicas.identify_all()
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self._replicas.aclose()
 
     # ---- one batch ------------------------------------------------------------------------
 
@@ -214,17 +233,19 @@ class VLLMEncoder:
 
     async def _post_with_retries(self, inputs: list[str], options: EncodeOptions = EncodeOptions(),
                                  give_up: asyncio.Event | None = None) -> tuple[np.ndarray, int]:
-        """``give_up``: once set (a sibling batch of the same call failed for good), no further attempt."""
-        attempts = 0
+        """``give_up``: once set (a sibling batch of the same call failed for good), no further attempt.
+        An attempt that failed on one replica is retried on another where there is one."""
+        attempts, tried = 0, [None]  # tried[-1]: the replica of the last attempt
         try:
             async for attempt in self._retry.async_retrying(_is_transient, give_up=give_up):
                 with attempt:
                     attempts += 1
-                    return await self._post_once(inputs, options)
-        except (httpx.HTTPStatusError, httpx.TransportError) as exc:
+                    return await self._post_once(inputs, options, tried)
+        except (httpx.HTTPStatusError, httpx.TransportError, EncoderUnavailable) as exc:
             # An outage (the caller may wait and try again: clm.encoders.retrying) or a refusal of another kind.
+            where = tried[-1].url if tried[-1] is not None else self.base_url
             raise (EncoderUnavailable if _is_transient(exc) else EncoderError)(
-                f"vLLM at {self.base_url} failed {attempts} attempts to embed "
+                f"vLLM at {where} failed {attempts} attempts to embed "
                 f"{len(inputs)} inputs; last error: {type(exc).__name__}: {exc}"
             ) from exc
         raise AssertionError("unreachable: tenacity either returns or reraises")
@@ -249,46 +270,60 @@ class VLLMEncoder:
             payload["use_activation"] = options.normalize
         return payload
 
-    async def _post_once(self, inputs: list[str], options: EncodeOptions = EncodeOptions()) -> tuple[np.ndarray, int]:
+    async def _post_once(self, inputs: list[str], options: EncodeOptions = EncodeOptions(),
+                         tried: list[Replica | None] | None = None) -> tuple[np.ndarray, int]:
+        """One attempt on one replica (not the one in ``tried[-1]``, where the last attempt failed, if
+        another can take it); ``tried[-1]`` becomes this attempt's replica."""
+        tried = tried if tried is not None else [None]
+        replica = await self._replicas.choose(avoid=tried[-1])
+        tried.append(replica)
         payload = self._payload(inputs, options)
-        response = await self._client.post("/v1/embeddings", json=payload)
-        if response.status_code >= 500:
-            response.raise_for_status()  # HTTPStatusError: transient, retried
+        replica.in_flight += 1
+        try:
+            response = await replica.client.post("/v1/embeddings", json=payload)
+            if response.status_code >= 500:
+                response.raise_for_status()  # HTTPStatusError: transient, retried (on another replica)
+        except (httpx.TransportError, httpx.HTTPStatusError) as error:
+            self._replicas.failed(replica, error)
+            raise
+        finally:
+            replica.in_flight -= 1
+        self._replicas.succeeded(replica)
         if response.status_code >= 400:
             raise _Refused(response.status_code, _error_detail(response))
-        self._check_encoder(response)
+        self._check_encoder(response, replica.url)
         normalize = self.fingerprint.normalize if options.normalize is None else options.normalize
-        return self._decode(response, len(inputs), normalize)
+        return self._decode(response, len(inputs), normalize, replica.url)
 
-    def _check_encoder(self, response: httpx.Response) -> None:
+    def _check_encoder(self, response: httpx.Response, url: str) -> None:
         """Refuse vectors computed by another encoder than ``self.fingerprint`` (checked on every response)."""
         digest = response.headers.get(ENCODER_DIGEST_HEADER)
         if digest is None:
             if self.require_digest_header:
-                raise EncoderError(f"the embedder at {self.base_url} sent no {ENCODER_DIGEST_HEADER} header, so "
+                raise EncoderError(f"the embedder at {url} sent no {ENCODER_DIGEST_HEADER} header, so "
                                    "its vectors cannot be tied to an encoder; refusing them")
             return
         if digest != self.fingerprint.digest:
-            raise EncoderChanged(self.base_url, expected=self.fingerprint.digest, got=digest)
+            raise EncoderChanged(url, expected=self.fingerprint.digest, got=digest)
         self.verified_at = time.monotonic()
 
-    def _decode(self, response: httpx.Response, expected: int, normalize: bool) -> tuple[np.ndarray, int]:
+    def _decode(self, response: httpx.Response, expected: int, normalize: bool, url: str) -> tuple[np.ndarray, int]:
         try:
             body = response.json()
             rows = sorted(body["data"], key=lambda item: item["index"])
             vectors = np.stack([np.frombuffer(base64.b64decode(row["embedding"]), dtype=_WIRE_DTYPES[self.embed_dtype]) for row in rows])
             prompt_tokens = int(body.get("usage", {}).get("prompt_tokens", 0))
         except (ValueError, KeyError, TypeError) as exc:
-            raise EncoderError(f"vLLM at {self.base_url} sent an unreadable embeddings response: {exc}") from exc
+            raise EncoderError(f"vLLM at {url} sent an unreadable embeddings response: {exc}") from exc
         if vectors.shape != (expected, self.dim):
             raise EncoderError(
-                f"vLLM at {self.base_url} returned {vectors.shape} vectors for {expected} inputs of width "
+                f"vLLM at {url} returned {vectors.shape} vectors for {expected} inputs of width "
                 f"{self.dim}: is it serving the model named by this fingerprint ({self.fingerprint.model})?"
             )
         tolerance = 1e-3 if self.embed_dtype == "float32" else 5e-3  # float16 rounds each component
         if normalize and not np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=tolerance):
             raise EncoderError(
-                f"vLLM at {self.base_url} returned vectors that are not L2-normalised; start it with "
+                f"vLLM at {url} returned vectors that are not L2-normalised; start it with "
                 f'--pooler-config \'{{"use_activation": true, ...}}\''
             )
         return vectors.astype(np.float32, copy=False), prompt_tokens

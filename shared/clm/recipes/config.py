@@ -29,6 +29,7 @@ from clm.encoders.spec import (EMBEDDER_API_KEY_ENV, DEFAULT_ENCODER_MAX_TOKENS,
 from clm.errors import BAD_INPUT, KindedError
 from clm.heads import HeadConfig
 from clm.recipes.overrides import OverrideError, apply_overrides, parse_overrides
+from clm.storage import Location, parse_object_url
 
 RecipeMode = Literal["eval", "train"]
 
@@ -64,20 +65,35 @@ class _Section(BaseModel):
 
 
 class DataConfig(_Section):
-    """SystemOne record files (JSON lines). ``train`` is required in train mode only."""
+    """SystemOne record files (JSON lines, gzip or not). ``train`` is required in train mode only.
 
-    train: Path | None = None
-    validation: Path
-    test: Path | None = None
+    Each is a local path or an ``s3://bucket/key`` URL (read through ``clm.storage.read_url``, with the
+    standard ``AWS_*`` variables).
+    """
+
+    train: Location | None = None
+    validation: Location
+    test: Location | None = None
+
+    @field_validator("train", "validation", "test")
+    @classmethod
+    def _object_url(cls, value: Path | str | None) -> Path | str | None:
+        if isinstance(value, str):  # a bucket location (Location keeps those as text): it must name one object
+            parse_object_url(value)
+        return value
 
 
 # EncoderSpec field -> the key of the ``encoder`` section holding it (clm.encoders.spec.spec_from_settings).
 ENCODER_SETTINGS = {
     "backend": "backend", "model": "model", "pooling": "pooling", "normalize": "normalize", "dtype": "dtype",
     "max_tokens": "max_tokens", "device": "device", "local_batch_texts": "batch_size", "url": "embedder_url",
-    "remote_batch_texts": "batch_size", "max_concurrency": "concurrency", "timeout_s": "timeout_s",
-    "identity_retry_s": "retry_seconds",
-}
+    "timeout_s": "timeout_s", "identity_retry_s": "retry_seconds",
+}  # and, derived from several keys (EncoderConfig.spec): remote_batch_texts, max_concurrency
+
+# Twice what two vLLM replicas take behind an embedder with its defaults (4 requests of 256 texts each): with
+# no more in flight than the fleet takes, every refill of a vLLM slot waits for a round trip to the job.
+DEFAULT_MAX_TEXTS_IN_FLIGHT = 4096
+DEFAULT_REQUESTS_IN_FLIGHT = 8  # 8 chunks of 512: half the embedder's CLM_EMBEDDER_MAX_IN_FLIGHT_REQUESTS (16)
 
 
 class EncoderConfig(_Section):
@@ -95,7 +111,10 @@ class EncoderConfig(_Section):
     ``backend: embedder`` calls our embedder service at ``embedder_url``,
     which names its encoder (``GET /v1/encoder``) and every answer's; while it
     is unavailable (restarting, its vLLM down) a run waits and retries each
-    batch with backoff for up to ``retry_seconds`` in total.
+    batch with backoff for up to ``retry_seconds`` in total. A job keeps
+    ``max_texts_in_flight`` texts in flight to the embedder (``batch_size``
+    texts a request): its chunks are pipelined, so a fleet of vLLM replicas
+    behind the embedder is kept busy by one job.
 
     The section maps onto the one encoder description, :meth:`spec`
     (:class:`clm.encoders.spec.EncoderSpec`), as the embedder's and
@@ -120,8 +139,20 @@ class EncoderConfig(_Section):
                                "counted as progress and assigned to a rank (round robin) under torchrun; "
                                "the table of a text set is bit-identical for any number of ranks")
     embedder_url: str | None = None
-    batch_size: int = Field(64, gt=0, description="texts per encoder request")
-    concurrency: int = Field(4, gt=0, description="encoder requests in flight at once (embedder backend)")
+    batch_size: int | None = Field(
+        None, gt=0, description="texts per forward batch (local; default 64) or per request to the embedder "
+                                "(default and at most: chunk_texts)")
+    max_texts_in_flight: int = Field(
+        DEFAULT_MAX_TEXTS_IN_FLIGHT, gt=0,
+        description="embedder backend: texts this job has in flight at once (or concurrency x batch_size, if "
+                    "fewer); chunks are pipelined to keep it full. The default fills a small fleet: twice what 2 "
+                    "vLLM replicas behind an embedder with its defaults take (4 requests of 256 texts each); for "
+                    "more, raise concurrency (and the embedder's CLM_EMBEDDER_MAX_IN_FLIGHT_REQUESTS) or batch "
+                    "and chunk sizes with it")
+    concurrency: int = Field(
+        DEFAULT_REQUESTS_IN_FLIGHT, gt=0,
+        description="embedder backend: requests in flight at most; each counts against the embedder's "
+                    "CLM_EMBEDDER_MAX_IN_FLIGHT_REQUESTS (16 by default), where more are refused with 503")
     timeout_s: float = Field(120.0, gt=0)
     retry_seconds: float = Field(
         300.0, ge=0,
@@ -136,10 +167,28 @@ class EncoderConfig(_Section):
             raise ValueError("encoder.backend 'embedder' needs encoder.embedder_url (e.g. http://embedder:8000)")
         return self
 
+    @property
+    def request_texts(self) -> int:
+        """Texts per request to the embedder: ``batch_size``, else a chunk (a request never spans two chunks:
+        a chunk is one encoder call), never above ``max_texts_in_flight``."""
+        return min(self.batch_size or self.chunk_texts, self.chunk_texts, self.max_texts_in_flight)
+
+    @property
+    def requests_in_flight(self) -> int:
+        """The embedder client's one in-flight bound (requests): texts in flight never pass max_texts_in_flight."""
+        return max(1, min(self.concurrency, self.max_texts_in_flight // self.request_texts))
+
+    @property
+    def chunks_in_flight(self) -> int:
+        """Chunks being encoded at once: enough to fill the texts in flight, and one more, so the client has
+        the next chunk's requests queued while a chunk's last ones finish."""
+        return -(-self.requests_in_flight * self.request_texts // self.chunk_texts) + 1
+
     def spec(self, device: str | None = None) -> EncoderSpec:
         """This section as the encoder to build; ``device`` overrides ``device`` (a torchrun rank's own)."""
         return spec_from_settings(
             self, ENCODER_SETTINGS, **({"device": device} if device else {}),
+            remote_batch_texts=self.request_texts, max_concurrency=self.requests_in_flight,
             # A secret never belongs in a recipe (job configs are stored): the key comes from the environment.
             api_key=os.environ.get(EMBEDDER_API_KEY_ENV, "") if self.backend == "embedder" else "")
 
@@ -176,9 +225,9 @@ class HeadsConfig(_Section):
     """
 
     config: HeadShape = Field(default_factory=HeadShape)
-    init_checkpoint: Path | None = Field(
+    init_checkpoint: Location | None = Field(
         None, description="a .pt file (ours or upstream's), a checkpoint folder, or a published name folder "
-                          "(its latest version)"
+                          "(its latest version); in a bucket, s3://.../<name>/vNNNN or s3://.../<name> (its latest)"
     )
     assumed_encoder: AssumedEncoder = Field(default_factory=AssumedEncoder)
     seed: int = Field(0, description="initialisation seed of new heads (no init_checkpoint)")
@@ -251,10 +300,12 @@ class TrainConfig(_Section):
 
 
 class OutputConfig(_Section):
-    checkpoint_root: Path = Path("var/checkpoints")
+    checkpoint_root: Location = Field(Path("var/checkpoints"), description="a folder, or a bucket s3://bucket/prefix")
     name: str = Field("clm-heads", min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     report_dir: Path = Path("var/reports/clm-heads")
     publish: bool = Field(True, description="publish the best heads (train mode)")
+    publish_retry_s: float = Field(60.0, ge=0, description="how long publishing to a bucket keeps trying through "
+                                   "an outage of the store (0: one try)")
 
 
 class TrackingConfig(_Section):

@@ -63,12 +63,16 @@ async def encode_rank_chunks(encoder: EncoderConfig, cache: CacheConfig, contrac
         if backend.fingerprint.digest != contract.fingerprint.digest:
             raise EncoderError(f"the encoder's fingerprint changed while the run started: {backend.fingerprint}")
         retry = RetryPolicy(budget_s=encoder.retry_seconds)
+        # A remote encoder's chunks are pipelined, so its client always has max_texts_in_flight texts to
+        # send; a local model computes one chunk at a time, with the same batch mates on any rank.
+        in_flight = encoder.chunks_in_flight if spec.is_remote else 1
         async with embedding_cache.chunk_encoder(backend, spec, cache.dir, cache.redis_url, retry,
                                            retry_notice) as encode:
             if path is not None:
                 assert texts is not None
-                return await embedding_cache.build_table(path, texts, backend, encode, report, encoder.chunk_texts)
-            return await embedding_cache.encode_chunks(chunks, backend.dim, encode, report)
+                return await embedding_cache.build_table(path, texts, backend, encode, report, encoder.chunk_texts,
+                                                         in_flight)
+            return await embedding_cache.encode_chunks(chunks, backend.dim, encode, report, in_flight)
     finally:
         await backend.aclose()
 

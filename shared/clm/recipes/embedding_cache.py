@@ -15,6 +15,15 @@ Two cache levels, both keyed by the encoder fingerprint:
 ``texts_embedded`` counts the texts this process asked the encoder (local
 model or embedder service) for; cache hits are not counted.
 
+Chunks are pipelined (:func:`encoded_in_order`): with ``chunks_in_flight`` > 1
+the next chunks are sent while earlier ones are being encoded, and each
+result is written and reported in chunk order. What bounds the work on the
+wire is the encoder's own bound (the HTTP client's requests in flight:
+``encoder.max_texts_in_flight``); the pipeline only keeps enough chunks
+started that the bound is always used. A chunk that fails (after its retries)
+fails the phase at once: the chunks still in flight are cancelled and awaited
+before the error leaves, and the table is never finalised.
+
 A filesystem failure of the cache (unwritable folder, full disk) raises
 ``EmbeddingCacheError`` before any training starts, naming the path.
 
@@ -30,12 +39,14 @@ batch that failed; a refused input (``EncoderInputError``) is never retried.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import os
 import shutil
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -152,6 +163,49 @@ def find_cached_table(path: Path, fingerprint_digest: str, texts: Sequence[str])
     return None
 
 
+async def encoded_in_order(chunks: Iterable[list[str]], encode_chunk: EncodeChunk,
+                           chunks_in_flight: int = 1) -> AsyncIterator[tuple[list[str], np.ndarray, int]]:
+    """Each chunk with its ``(vectors, texts embedded)``, in chunk order, up to ``chunks_in_flight`` chunks
+    being encoded at once (the next one starts as soon as the oldest is handed out).
+
+    The first chunk to fail raises its error at once (not after the chunks before it); every chunk still
+    in flight is cancelled and awaited before anything leaves, so no task outlives the phase. Use it
+    under ``contextlib.aclosing``, so a consumer that stops (a job cancelled from a progress callback)
+    ends the chunks in flight then too, not whenever the generator is collected.
+    """
+    if chunks_in_flight < 1:
+        raise ValueError(f"chunks_in_flight must be at least 1, got {chunks_in_flight}")
+    waiting = iter(chunks)
+    pending: deque[tuple[list[str], asyncio.Task]] = deque()
+
+    def start_more() -> None:
+        while len(pending) < chunks_in_flight and (chunk := next(waiting, None)) is not None:
+            pending.append((chunk, asyncio.ensure_future(encode_chunk(chunk))))
+
+    try:
+        start_more()
+        while pending:
+            if not pending[0][1].done():  # until the oldest or a failing one is done (a later one done: wait on)
+                await asyncio.wait([task for _, task in pending if not task.done()],
+                                   return_when=asyncio.FIRST_COMPLETED)
+            for _, task in pending:  # a later chunk's failure ends the phase now
+                if task.done() and not task.cancelled() and task.exception() is not None:
+                    task.result()
+            while pending and pending[0][1].done():
+                chunk, task = pending.popleft()
+                vectors, encoded = task.result()
+                start_more()
+                yield chunk, vectors, encoded
+    finally:
+        for _, task in pending:
+            task.cancel()
+        await asyncio.gather(*(task for _, task in pending), return_exceptions=True)
+
+
+def text_chunks(texts: Sequence[str], chunk_texts: int) -> Iterator[list[str]]:
+    return (list(texts[start : start + chunk_texts]) for start in range(0, len(texts), chunk_texts))
+
+
 async def build_table(
     path: Path,
     texts: Sequence[str],
@@ -159,33 +213,36 @@ async def build_table(
     encode_chunk: EncodeChunk,
     progress: EmbedProgress,
     chunk_texts: int = DEFAULT_CHUNK_TEXTS,
+    chunks_in_flight: int = 1,
 ) -> tuple[EmbeddingTable, int]:
-    """Embed ``texts`` chunk by chunk into a new table at ``path``; returns it and the texts embedded."""
+    """Embed ``texts`` chunk by chunk (``chunks_in_flight`` at once) into a new table at ``path``; returns
+    it and the texts embedded. A failure leaves no table (the writer aborts)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    embedded = 0
+    done = embedded = 0
     progress(0, len(texts), 0)  # the phase starts now (a long first chunk is visible as "embedding")
     with EmbeddingTable.create(path, texts, backend.dim, backend.fingerprint.digest) as writer:
-        for start in range(0, len(texts), chunk_texts):
-            chunk = list(texts[start : start + chunk_texts])
-            vectors, encoded = await encode_chunk(chunk)
-            writer.write(chunk, vectors)
-            embedded += encoded
-            progress(start + len(chunk), len(texts), embedded)
+        async with aclosing(encoded_in_order(text_chunks(texts, chunk_texts), encode_chunk,
+                                             chunks_in_flight)) as results:
+            async for chunk, vectors, encoded in results:
+                writer.write(chunk, vectors)
+                done, embedded = done + len(chunk), embedded + encoded
+                progress(done, len(texts), embedded)
         table = writer.finalize()
     return table, embedded
 
 
 async def encode_chunks(chunks: Sequence[list[str]], dim: int, encode_chunk: EncodeChunk,
-                        progress: EmbedProgress) -> tuple[np.ndarray, int]:
-    """A rank's shard: its chunks encoded one call each, stacked in chunk order; and the texts embedded."""
+                        progress: EmbedProgress, chunks_in_flight: int = 1) -> tuple[np.ndarray, int]:
+    """A rank's shard: its chunks encoded one call each (``chunks_in_flight`` at once), stacked in chunk
+    order; and the texts embedded."""
     total = sum(len(chunk) for chunk in chunks)
     parts, done, embedded = [], 0, 0
     progress(0, total, 0)
-    for chunk in chunks:
-        vectors, encoded = await encode_chunk(chunk)
-        parts.append(np.asarray(vectors, dtype=np.float32))
-        done, embedded = done + len(chunk), embedded + encoded
-        progress(done, total, embedded)
+    async with aclosing(encoded_in_order(chunks, encode_chunk, chunks_in_flight)) as results:
+        async for chunk, vectors, encoded in results:
+            parts.append(np.asarray(vectors, dtype=np.float32))
+            done, embedded = done + len(chunk), embedded + encoded
+            progress(done, total, embedded)
     return (np.concatenate(parts) if parts else np.zeros((0, dim), dtype=np.float32)), embedded
 
 

@@ -36,7 +36,7 @@ class RunResult:
     def as_dict(self) -> dict[str, Any]:
         checkpoint = None if self.checkpoint is None else {
             "name": self.checkpoint.name, "version": self.checkpoint.label,
-            "path": str(self.checkpoint.path), "sha256": self.checkpoint.sha256,
+            "path": self.checkpoint.location, "sha256": self.checkpoint.sha256,
         }
         return {"mode": self.mode, "texts_total": self.texts_total, "texts_embedded": self.texts_embedded,
                 "report": str(self.report_path), "best_epoch": self.best_epoch, "checkpoint": checkpoint,

@@ -111,7 +111,7 @@ class TrainCLMHeadsRecipe:
         self.observer = observer or RunObserver()
         self.progress = self.observer.on_progress  # what the phases below call
         self.resume_dir = resume_dir
-        self.publisher = publisher or HeadsPublisher()
+        self.publisher = publisher or HeadsPublisher(cfg.output.publish_retry_s)
         self.device = resolve_device(cfg.device)
         self.rank = RankInfo()
         # Per split, the records as compact arrays viewed as EncodedRecords (clm.encoded.EncodedSplit):
@@ -148,7 +148,8 @@ class TrainCLMHeadsRecipe:
                                    "records_per_s": round(records / seconds, 1) if seconds > 0 else None}
         self.contract = self._embedding_config()
         if self.cfg.heads.init_checkpoint is not None:
-            self.init_checkpoint = load_heads_reference(self.cfg.heads.init_checkpoint)
+            self.init_checkpoint = load_heads_reference(self.cfg.heads.init_checkpoint,
+                                                       cache_dir=Path(self.cfg.cache.dir) / "heads")
             self.check_checkpoint_encoder(self.init_checkpoint)
         self.texts, sorted_rows = text_ids.sorted_with_rows()
         self.table = self._embed_all(self.texts)

@@ -5,16 +5,18 @@ file is collected and raised as one ``RecordError`` naming file, line,
 record id and field. Lines are split on ``\\n`` only (never
 ``str.splitlines``, which would also split on U+2028, legal inside JSON
 strings), decoded as strict UTF-8, and parsed by the strict JSON reader.
+A records file is a local path or an ``s3://bucket/key`` URL (gzip or not,
+told by its first bytes either way).
 """
 
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import os
 import zlib
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any, BinaryIO, Protocol, TypeVar
 
 from pydantic import ValidationError
@@ -23,6 +25,7 @@ from clm.records.errors import FieldProblem, RecordError, RecordProblem
 from clm.records.model import Record, SystemOneRequest
 from clm.records.questions import QUESTION_TYPE_IDS, describe
 from clm.records.strict_json import join_path, loads_strict
+from clm.storage import is_url, read_url
 
 GZIP_MAGIC = b"\x1f\x8b"
 ModelT = TypeVar("ModelT", bound=SystemOneRequest)
@@ -97,16 +100,24 @@ def parse_request(data: Any, *, source: str = "<request>") -> SystemOneRequest:
     return _validate(SystemOneRequest, data, source, 0)
 
 
-def _open_binary(path: Path) -> BinaryIO:
-    """Open plain or gzip data by its magic bytes, so a misnamed file still reads correctly."""
-    with path.open("rb") as probe:
+def _open_binary(path: str) -> BinaryIO:
+    """Open plain or gzip data by its magic bytes, so a misnamed file still reads correctly.
+
+    An ``s3://bucket/key`` URL is read whole through ``clm.storage.read_url`` (the one way to read an
+    object by URL) and then read like a file.
+    """
+    if is_url(path):
+        data = read_url(path)
+        stream: BinaryIO = io.BytesIO(data)
+        return gzip.GzipFile(fileobj=stream, mode="rb") if data[:2] == GZIP_MAGIC else stream  # type: ignore
+    with open(path, "rb") as probe:
         magic = probe.read(2)
     if magic == GZIP_MAGIC:
         return gzip.open(path, "rb")  # type: ignore[return-value]
-    return path.open("rb")
+    return open(path, "rb")
 
 
-def _numbered_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+def _numbered_lines(path: str) -> Iterator[tuple[int, bytes]]:
     with _open_binary(path) as stream:
         yield from enumerate(stream, start=1)
 
@@ -117,7 +128,8 @@ def load_records(path: str | os.PathLike[str]) -> list[Record]:
     Blank lines are skipped. Raises ``RecordError`` (every problem of the
     file: invalid UTF-8, bad JSON, duplicate keys, non-finite numbers,
     invalid records, duplicate record ids, no records at all) and returns
-    nothing partial. A missing file raises ``FileNotFoundError``.
+    nothing partial. A missing file raises ``FileNotFoundError`` (a missing
+    ``s3://`` object ``clm.storage.NotFound``).
     """
     return list(iter_records(path))
 
@@ -153,13 +165,12 @@ def read_records_file(path: str | os.PathLike[str], line_reader: LineReader[Line
     ``line_reader(raw, source, line_number)`` returns the line's record (any
     object with an ``id``), its problems, or None for a blank line.
     """
-    path = Path(path)
-    source = str(path)
+    source = os.fspath(path)  # a path, or an s3:// URL (which Path would fold to s3:/)
     problems: list[RecordProblem] = []
     first_line_of_id: dict[str, int] = {}
     last_line = 0
     try:
-        for line_number, raw in _numbered_lines(path):
+        for line_number, raw in _numbered_lines(source):
             last_line = line_number
             problem_or_record = line_reader(raw, source, line_number)
             if problem_or_record is None:

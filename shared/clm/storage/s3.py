@@ -8,7 +8,9 @@ with backoff on its own, and streams large objects without boto3's dependency tr
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -18,11 +20,18 @@ T = TypeVar("T")
 
 
 class S3Store:
-    """``s3://bucket/prefix`` at ``endpoint`` (empty: AWS); credentials from the arguments or the environment
-    (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ...; obstore reads them as the AWS SDKs do)."""
+    """``s3://bucket/prefix`` at ``endpoint``; credentials from the arguments or the environment.
 
-    def __init__(self, url: str, *, endpoint: str = "", region: str = "us-east-1", access_key_id: str = "",
-                 secret_access_key: str = "", timeout_s: float = 30.0) -> None:
+    Every service opens its buckets the way the AWS SDKs and tools do, from the standard
+    variables (one Secret serves every pod): ``AWS_ENDPOINT_URL`` (empty: AWS itself; an
+    ``http://`` endpoint such as a cluster's SeaweedFS or MinIO is allowed plain HTTP),
+    ``AWS_REGION`` (default ``us-east-1``), ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``
+    (obstore reads these and the rest of its ``AWS_*`` options itself). Requests are
+    path-style (``endpoint/bucket/key``), which every S3-compatible server accepts.
+    """
+
+    def __init__(self, url: str, *, endpoint: str | None = None, region: str | None = None,
+                 access_key_id: str = "", secret_access_key: str = "", timeout_s: float = 30.0) -> None:
         from obstore.store import S3Store as _ObstoreS3  # noqa: PLC0415  (an optional backend's import)
 
         parts = urlsplit(url)
@@ -30,6 +39,11 @@ class S3Store:
             raise ValueError(f"{url!r} is not an s3://bucket[/prefix] URL")
         self.url = url.rstrip("/")
         self.bucket, self.prefix = parts.netloc, parts.path.strip("/")
+        if endpoint is None:
+            endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL", "")
+        if region is None:
+            region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+        self.endpoint = endpoint
         options: dict[str, Any] = {"region": region, "virtual_hosted_style_request": False}
         if endpoint:
             options["endpoint"] = endpoint
@@ -37,7 +51,11 @@ class S3Store:
             options.update(access_key_id=access_key_id, secret_access_key=secret_access_key)
         client_options = {"timeout": f"{timeout_s}s", "connect_timeout": f"{min(timeout_s, 10.0)}s",
                           "allow_http": endpoint.startswith("http://")}
-        self._store = _ObstoreS3(self.bucket, prefix=self.prefix or None, client_options=client_options, **options)
+        # obstore retries outages itself; bounded here so a dead store fails a call within about ``timeout_s``
+        # (its default keeps trying for 3 minutes) and the caller's own policy decides what comes next.
+        retry = {"max_retries": 3, "retry_timeout": timedelta(seconds=timeout_s)}
+        self._store = _ObstoreS3(self.bucket, prefix=self.prefix or None, client_options=client_options,
+                                 retry_config=retry, **options)
 
     def get(self, key: str) -> Blob:
         import obstore  # noqa: PLC0415

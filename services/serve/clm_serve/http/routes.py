@@ -97,7 +97,7 @@ def _model_status(runtime: ServeRuntime, name: str) -> dict:
     info = current.info() if current is not None else {}
     return {
         "mode": source.mode,
-        "source": str(source.path),
+        "source": source.where,
         "origin": source.origin,
         "aliases": runtime.registry.names.aliases_of(name),
         "status": "ready" if current is not None else runtime.model_phase(name),
@@ -107,6 +107,8 @@ def _model_status(runtime: ServeRuntime, name: str) -> dict:
             "assumed_encoder", "template_version", "loaded_at", "created_at", "parent", "metrics", "config",
             "logit_scale", "action_cache_entries")},
         "last_error": None if manager is None else manager.last_error,
+        # a bucket root that stopped answering: since when and for how many polls (None while it answers)
+        "source_error": None if manager is None else manager.source_error,
         "recent_reloads": [] if manager is None else [event.as_dict() for event in manager.events],
     }
 
@@ -133,6 +135,8 @@ async def admin_reload(request: Request, model: str | None = None) -> dict:
     if failed := [(name, o) for name, o in outcomes.items() if o.status == "failed"]:
         raise APIError(409, "; ".join(f"refused {o.target}{'' if len(outcomes) == 1 else f' ({name})'}: {o.message}"
                                       for name, o in failed), err_type="ConflictError")
+    if unreachable := [o for o in outcomes.values() if o.status == "unavailable"]:
+        raise APIError(503, "; ".join(o.message for o in unreachable), headers={"Retry-After": "1"})
     first = outcomes.get(runtime.settings.served_model_name) or next(iter(outcomes.values()))
     manager = runtime.registry.managers.get(served or runtime.settings.served_model_name)
     current = None if manager is None else manager.current

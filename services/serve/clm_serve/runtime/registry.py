@@ -9,10 +9,10 @@ Sources, in the order they claim a name (upstream contrastive-lm's order: its
    that name);
 2. every ``*.pt`` of ``ckpt_dir`` under its file stem (upstream's ``--ckpt-dir``);
 3. ``models``: ``NAME=PATH`` entries (upstream's ``--model``), overriding;
-4. ``published_models``: names the trainer publishes under ``checkpoint_root``,
-   each following its own ``latest``; found again every ``poll_interval_s``
-   (``ckpt_dir`` too), so a name published after start-up is served without
-   a restart.
+4. ``published_models``: names the trainer publishes under ``checkpoint_root``
+   (a folder or a bucket: ``clm_serve.runtime.published``), each following its
+   own ``latest``; found again every ``poll_interval_s`` (``ckpt_dir`` too), so
+   a name published after start-up is served without a restart.
 
 At most ``max_models`` are served, in that order (published names in name
 order); the rest are listed as ``not_loaded``. Every source reloads on its own (its manager's lock, watcher
@@ -26,13 +26,14 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from clm.checkpoint import LATEST_FILE
 from clm.encoders.base import EncoderBackend
+from clm.storage import StorageError
 
 from clm_serve.runtime.action_cache import SharedActionCache
 from clm_serve.runtime.engine import DecisionEngine
 from clm_serve.prometheus import ServeMetrics
 from clm_serve.runtime.names import RAW_MODEL, ServedModel, ServedNames, aliases, resolve_model
+from clm_serve.runtime.published import BucketRoot, FixedFile, HeadsFinder, PublishedRoot, open_root
 from clm_serve.runtime.reloader import HeadsManager, ReloadOutcome, cancel_all, pause
 from clm_serve.settings import ServeSettings
 
@@ -44,36 +45,39 @@ class HeadsSource:
     """Where one served model's heads come from."""
 
     name: str  # the served model name
-    path: Path  # published: <checkpoint_root>/<published name>; else a .pt file or a version folder
-    published: bool  # follows <path>/latest (else: the file, reloaded when it changes)
+    finder: HeadsFinder  # where its heads are: a published name's latest (folder or bucket), or one file
     origin: str  # the setting that configured it: CLM_CKPT, heads_name, ckpt_dir, published_models, models
     aliases: tuple[str, ...] = ()
 
     @property
+    def where(self) -> str:
+        return self.finder.where
+
+    @property
     def mode(self) -> str:
-        return "watch" if self.published else "single"
+        return "watch" if self.finder.published else "single"
 
     def file_label(self, loaded: Path | None) -> str:
         """The file upstream's model card names: a file's name; for a published name, ``<name>/<version>``."""
-        if not self.published:
-            return self.path.name
-        return f"{self.path.name}/{loaded.parent.name}" if loaded is not None else self.path.name
+        if self.finder.published and loaded is not None:
+            return f"{self.finder.label}/{loaded.parent.name}"
+        return self.finder.label
 
 
-def configured_sources(settings: ServeSettings) -> list[HeadsSource]:
+def configured_sources(settings: ServeSettings, root: PublishedRoot) -> list[HeadsSource]:
     """Every source the settings name, in upstream's order: the default, ``ckpt_dir``'s files, then the
     ``models`` entries (which override a same-named head in its place, the default included)."""
     default_aliases = tuple(aliases(settings))
     if settings.ckpt is not None:
-        default = HeadsSource(settings.served_model_name, settings.ckpt, False, "CLM_CKPT", default_aliases)
+        default = HeadsSource(settings.served_model_name, FixedFile(settings.ckpt), "CLM_CKPT", default_aliases)
     else:
         extra = (settings.heads_name,) if settings.heads_name not in (*default_aliases, RAW_MODEL) else ()
-        default = HeadsSource(settings.served_model_name, settings.checkpoint_root / settings.heads_name, True,
-                              "heads_name", default_aliases + extra)
+        default = HeadsSource(settings.served_model_name, root.follow(settings.heads_name), "heads_name",
+                              default_aliases + extra)
     sources = {default.name: default}
     sources.update({source.name: source for source in _ckpt_dir_sources(settings, set(sources))})
     for name, path in settings.extra_models().items():
-        sources[name] = HeadsSource(name, path, False, "models", default_aliases if name == default.name else ())
+        sources[name] = HeadsSource(name, FixedFile(path), "models", default_aliases if name == default.name else ())
     return list(sources.values())
 
 
@@ -83,37 +87,42 @@ def _ckpt_dir_sources(settings: ServeSettings, taken: set[str]) -> list[HeadsSou
     if folder is None or not folder.is_dir():
         return []
     default = settings.ckpt.resolve() if settings.ckpt is not None else None
-    return [HeadsSource(pt.stem, pt, False, "ckpt_dir") for pt in sorted(folder.glob("*.pt"))
+    return [HeadsSource(pt.stem, FixedFile(pt), "ckpt_dir") for pt in sorted(folder.glob("*.pt"))
             if pt.stem not in taken and pt.stem != RAW_MODEL and pt.resolve() != default]
 
 
-def published_sources(settings: ServeSettings, taken: set[str]) -> list[HeadsSource]:
+def published_sources(settings: ServeSettings, root: PublishedRoot, taken: set[str]) -> list[HeadsSource]:
     """Names published under ``checkpoint_root`` (a ``latest`` pointer exists) that ``published_models`` lets
-    in, in name order. Blocking (lists a folder)."""
+    in, in name order. Blocking: ``*`` lists the folder or the bucket prefix once; named ones are looked up
+    one by one (a HEAD each in a bucket), only while they are not served yet."""
     wanted = settings.published_names()
     if wanted == []:
         return []
-    root = settings.checkpoint_root
     try:
-        candidates = sorted(entry.name for entry in root.iterdir()) if wanted is None else wanted
-    except OSError:  # no root yet: nothing published
+        candidates = root.names() if wanted is None else wanted
+        return [HeadsSource(name, root.follow(name), "published_models") for name in candidates
+                if name not in taken and name != RAW_MODEL and root.has_latest(name)]
+    except StorageError as error:  # the bucket is down: the served heads' own polls report it
+        logger.debug("cannot look for published names in %s: %s", root.location, error)
         return []
-    return [HeadsSource(name, root / name, True, "published_models") for name in candidates
-            if name not in taken and name != RAW_MODEL and (root / name / LATEST_FILE).is_file()]
 
 
 class HeadsRegistry:
     def __init__(self, settings: ServeSettings, metrics: ServeMetrics) -> None:
         self.settings = settings
         self.metrics = metrics
+        self.root = open_root(settings.checkpoint_root, settings.store_cache_dir)
         self.actions = SharedActionCache(settings.action_cache_max_entries)
         self.sources: dict[str, HeadsSource] = {}
         self.not_loaded: list[str] = []
         self.managers: dict[str, HeadsManager] = {}
         self._names = ServedNames(settings.served_model_name, (), {})
         self._serving: tuple[EncoderBackend, DecisionEngine, list[str]] | None = None
-        self._add(configured_sources(settings))
-        self._add(self._discover())
+        self._add(configured_sources(settings, self.root))
+        if isinstance(self.root, BucketRoot):  # a bucket is asked at start, off the event loop
+            self._add(_ckpt_dir_sources(settings, {*self.sources, *self._names.heads}))
+        else:
+            self._add(self._discover())
 
     # -- names ---------------------------------------------------------------------------------
 
@@ -131,7 +140,7 @@ class HeadsRegistry:
     def _discover(self) -> list[HeadsSource]:
         taken = {*self.sources, *self.not_loaded, *self._names.heads}
         fresh = _ckpt_dir_sources(self.settings, taken)
-        return fresh + published_sources(self.settings, taken | {s.name for s in fresh})
+        return fresh + published_sources(self.settings, self.root, taken | {s.name for s in fresh})
 
     def _add(self, sources: list[HeadsSource]) -> list[HeadsSource]:
         """Serve ``sources`` within ``max_models``; the names past it are ``not_loaded``. Returns those added."""
@@ -142,7 +151,7 @@ class HeadsRegistry:
             if len(self.sources) >= self.settings.max_models:
                 self.not_loaded.append(source.name)
                 logger.warning("not serving %s (%s): max_models=%d heads are served already", source.name,
-                               source.path, self.settings.max_models)
+                               source.where, self.settings.max_models)
                 continue
             self.sources[source.name] = source
             added.append(source)
@@ -158,6 +167,7 @@ class HeadsRegistry:
     async def start(self, encoder: EncoderBackend, engine: DecisionEngine, warm_texts: list[str]) -> None:
         """Open a manager per source and load them all (concurrently: each loads on its own thread)."""
         self._serving = (encoder, engine, warm_texts)
+        self._add(await asyncio.to_thread(self._discover))
         for source in self.sources.values():
             self._open(source)
         await asyncio.gather(*(manager.reload("startup") for manager in self.managers.values()))
@@ -174,8 +184,8 @@ class HeadsRegistry:
     def _open(self, source: HeadsSource) -> HeadsManager:
         assert self._serving is not None
         encoder, engine, warm = self._serving
-        manager = HeadsManager(source.name, source.path, source.published, self.settings, encoder, engine,
-                               self.metrics, self.actions, warm)
+        manager = HeadsManager(source.name, source.finder, self.settings, encoder, engine, self.metrics, self.actions,
+                               warm)
         self.managers[source.name] = manager
         return manager
 
@@ -202,7 +212,7 @@ class HeadsRegistry:
                     continue
                 for source in self._add(found):
                     manager = self._open(source)
-                    logger.info("new heads to serve: %s (%s, %s)", source.name, source.origin, source.path)
+                    logger.info("new heads to serve: %s (%s, %s)", source.name, source.origin, source.where)
                     await manager.reload("discovered")
                     tasks.append(asyncio.create_task(manager.watch(stop), name=f"clm-serve-watch-{source.name}"))
         finally:

@@ -3,13 +3,15 @@
 One ``HeadsManager`` per served model (``clm_serve.runtime.registry`` opens them).
 Sources of a reload: start-up, the ``latest`` pointer changing (watchfiles,
 with a polling loop as a fallback for filesystems that deliver no events,
-such as NFS or some container volumes), a fixed file changing (polled: size
-and modification time), and ``POST /admin/reload``.
+such as NFS or some container volumes; in a bucket, its ETag polled), a fixed
+file changing (polled: size and modification time), and ``POST /admin/reload``.
 
 A reload, serialised by one lock:
 
-1. resolves the target (``<root>/<name>/latest`` → ``vNNNN``, or the fixed
-   file); the same target as now serving is a no-op;
+1. asks the finder for the target (``clm_serve.runtime.published``:
+   ``<root>/<name>/latest`` → ``vNNNN`` in a folder, or in a bucket and then
+   downloaded once to a local folder, or the fixed file); the same target as
+   now serving is a no-op;
 2. loads and validates it on a worker thread (format, version, manifest
    hashes, shapes, finite weights, plain-tensor pickle, size, encoder fingerprint
    (or, for an upstream-format file without one, the configured assumed encoder),
@@ -25,6 +27,9 @@ A refused checkpoint leaves the current heads serving; the refusal is logged,
 counted, and reported by ``GET /v1/heads`` (``last_error``). A target that
 failed is not retried by the watcher until it changes (an admin reload
 forces a retry), so a broken version cannot spin the loader every poll.
+A bucket that does not answer is not a refusal: the current heads keep
+serving, the failed polls are counted and reported (``source_error``) and
+the next poll asks again.
 """
 
 from __future__ import annotations
@@ -33,7 +38,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
@@ -41,19 +45,21 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
 
-from clm.checkpoint import LATEST_FILE, PT_FILE, CheckpointError, read_option_texts, resolve_latest
+from clm.checkpoint import LATEST_FILE, CheckpointError, read_option_texts
 from clm.encoders.base import EncoderBackend, EncoderError
+from clm.storage import StorageError
 
 from clm_serve.runtime.action_cache import SharedActionCache
 from clm_serve.runtime.engine import DecisionEngine
 from clm_serve.runtime.loaded_heads import HeadsRefused, LoadedHeads, load_heads
+from clm_serve.runtime.published import HeadsFinder, Target
 from clm_serve.prometheus import ServeMetrics
 from clm_serve.question_types import StructuredDecisionError, build_question
 from clm_serve.settings import ServeSettings
 
 logger = logging.getLogger(__name__)
 
-Status = Literal["loaded", "unchanged", "failed", "skipped", "none"]
+Status = Literal["loaded", "unchanged", "failed", "skipped", "none", "unavailable"]
 
 
 def _now() -> str:
@@ -62,7 +68,9 @@ def _now() -> str:
 
 @dataclass(frozen=True)
 class ReloadOutcome:
-    status: Status  # loaded | unchanged | failed | skipped (known bad target) | none (nothing published yet)
+    # loaded | unchanged | failed | skipped (known bad target) | none (nothing published yet) |
+    # unavailable (the bucket did not answer: still serving, asked again at the next poll)
+    status: Status
     trigger: str
     target: str | None
     version: str | None
@@ -115,14 +123,13 @@ def warm_option_texts(path: Path, max_options: int) -> list[str]:
 
 
 class HeadsManager:
-    """The heads of one served model (``name``): ``path`` is a published name's folder (``published``: follow
-    its ``latest``) or a fixed .pt file / version folder."""
+    """The heads of one served model (``name``), found by ``finder``: a published name's ``latest`` (in a
+    folder or a bucket) or a fixed .pt file / version folder."""
 
     def __init__(
         self,
         name: str,
-        path: Path,
-        published: bool,
+        finder: HeadsFinder,
         settings: ServeSettings,
         encoder: EncoderBackend,
         engine: DecisionEngine,
@@ -131,8 +138,7 @@ class HeadsManager:
         warm_texts: list[str] | None = None,
     ) -> None:
         self.name = name
-        self.path = path
-        self.published = published
+        self.finder = finder
         self.actions = actions
         self.settings = settings
         self.encoder = encoder
@@ -141,26 +147,15 @@ class HeadsManager:
         self.warm_texts = warm_texts or []
         self.current: LoadedHeads | None = None
         self.last_error: dict | None = None
+        self.source_error: dict | None = None  # the bucket not answering: since when, how many polls
         self.events: deque[ReloadOutcome] = deque(maxlen=20)
         self._identity: str | None = None
         self._failed: dict[str, str] = {}
         self._lock = asyncio.Lock()
         for outcome in ("success", "failure"):  # both series from the start, at 0
             metrics.reloads.labels(name, outcome)
+        metrics.source_errors.labels(name)
         metrics.heads_loaded.labels(name).set(0)
-
-    # -- target --------------------------------------------------------------------------------
-
-    def _resolve_target(self) -> tuple[Path, str] | None:
-        """(path to load, identity) or None when nothing is published yet. Blocking (file reads)."""
-        if not self.published:
-            path = self.path
-            stat = os.stat(path / PT_FILE if path.is_dir() else path)
-            return path, f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
-        if not (self.path / LATEST_FILE).exists():
-            return None
-        published = resolve_latest(self.path.parent, self.path.name)
-        return published.path, published.sha256
 
     # -- reload --------------------------------------------------------------------------------
 
@@ -175,14 +170,18 @@ class HeadsManager:
 
     async def _reload_locked(self, trigger: str, retry_failed: bool) -> ReloadOutcome:
         try:
-            target = await asyncio.to_thread(self._resolve_target)
-        except (CheckpointError, OSError) as error:
+            target = await asyncio.to_thread(self.finder.resolve, refresh=retry_failed)
+        except StorageError as error:  # the bucket is down or refuses us: not the version's fault
+            return self._unreachable(trigger, error)
+        except (CheckpointError, OSError, ValueError) as error:
+            self._reachable()
             return self._fail(trigger, None, f"cannot resolve the heads to serve: {error}", identity=f"pointer:{error}",
                               retry_failed=retry_failed)
+        self._reachable()
         if target is None:
             return ReloadOutcome("none", trigger, None, None,
-                                 f"nothing published yet under {self.path}", _now())
-        path, identity = target
+                                 f"nothing published yet under {self.finder.where}", _now())
+        path, identity = target.path, target.identity
         if identity == self._identity:
             return ReloadOutcome("unchanged", trigger, str(path), self._version(), "already serving", _now())
         if identity in self._failed and not retry_failed:
@@ -223,6 +222,7 @@ class HeadsManager:
         message = (f"{self.name}: serving {new.version} from {new.path} (was {old.version if old else 'none'}); "
                    f"{warmed} option projections warmed in {elapsed:.3f}s")
         logger.info("heads reload (%s): %s", trigger, message)
+        await asyncio.to_thread(self._served, target)
         return ReloadOutcome("loaded", trigger, str(path), new.version, message, _now())
 
     def _warm_set(self, trained_options: list[str]) -> list[str]:
@@ -230,6 +230,32 @@ class HeadsManager:
         and those the serving heads have seen (what traffic asked for lately)."""
         current = self.current.actions.texts() if self.current is not None else []
         return list(dict.fromkeys([*trained_options, *self.warm_texts, *current]))
+
+    def _served(self, target: Target) -> None:
+        try:
+            self.finder.served(target)
+        except OSError as error:  # tidying the download cache is not worth a failed reload
+            logger.warning("%s: could not delete old copies beside %s: %s", self.name, target.path, error)
+
+    def _unreachable(self, trigger: str, error: StorageError) -> ReloadOutcome:
+        """Count and report a poll the bucket did not answer; the current heads keep serving."""
+        self.metrics.source_errors.labels(self.name).inc()
+        serving = self._version() or "nothing"
+        if self.source_error is None:
+            self.source_error = {"message": str(error), "since": _now(), "failed_polls": 0}
+            logger.warning("heads of %s: %s did not answer (%s); still serving %s, asking again every %.1fs",
+                           self.name, self.finder.where, error, serving, self.settings.poll_interval_s)
+        else:
+            logger.debug("heads of %s: %s still does not answer: %s", self.name, self.finder.where, error)
+        self.source_error.update(message=str(error), failed_polls=self.source_error["failed_polls"] + 1)
+        return ReloadOutcome("unavailable", trigger, self.finder.where, None,
+                             f"{self.finder.where} did not answer ({error}); still serving {serving}", _now())
+
+    def _reachable(self) -> None:
+        if self.source_error is not None:
+            logger.warning("heads of %s: %s answers again after %d failed polls", self.name, self.finder.where,
+                           self.source_error["failed_polls"])
+            self.source_error = None
 
     def _version(self) -> str | None:
         return None if self.current is None else self.current.version
@@ -251,7 +277,7 @@ class HeadsManager:
     async def watch(self, stop: asyncio.Event) -> None:
         """Reload whenever ``latest`` moves, until ``stop`` is set: file events plus a polling fallback."""
         tasks = [asyncio.create_task(self._poll(stop), name="clm-serve-poll")]
-        if self.settings.watch and self.published:  # a fixed file is polled (one stat per interval)
+        if self.settings.watch and self.finder.watch_dir is not None:  # a file or bucket is polled only
             tasks.append(asyncio.create_task(self._watch_files(stop), name="clm-serve-watch"))
         try:
             await stop.wait()
@@ -273,10 +299,12 @@ class HeadsManager:
     async def _watch_files(self, stop: asyncio.Event) -> None:
         from watchfiles import awatch
 
-        root = self.path.parent
+        folder = self.finder.watch_dir
+        assert folder is not None
+        root = folder.parent
         while not stop.is_set():
             # Watch the name folder once it exists (events on `latest`), else the root for its creation.
-            target = self.path if self.path.is_dir() else root if root.is_dir() else None
+            target = folder if folder.is_dir() else root if root.is_dir() else None
             if target is None:
                 await asyncio.sleep(self.settings.poll_interval_s)
                 continue
@@ -284,7 +312,7 @@ class HeadsManager:
                 async for changes in awatch(target, stop_event=stop, recursive=False, debounce=50, step=20):
                     if any(Path(p).name == LATEST_FILE for _, p in changes):
                         await self._safe_reload("watch")
-                    if target != self.path and self.path.is_dir():
+                    if target != folder and folder.is_dir():
                         await self._safe_reload("watch")
                         break
             except Exception as error:  # inotify limits, unsupported filesystem: polling still runs

@@ -79,7 +79,9 @@ class ServeRuntime:
         if manager is None or manager.current is None:
             if manager is not None and manager.last_error is not None:
                 return f"no heads loaded: {manager.last_error['message']}"
-            return f"no heads loaded yet (looking at {self.registry.sources[name].path})"
+            if manager is not None and manager.source_error is not None:
+                return f"no heads loaded yet: {manager.source_error['message']}"
+            return f"no heads loaded yet (looking at {self.registry.sources[name].where})"
         return "ready"
 
     async def start(self) -> None:
