@@ -133,3 +133,14 @@ def test_a_trainer_publishing_into_a_folder_refuses_a_bucket(setup):
     config["output"]["checkpoint_root"] = "s3://clm/x"
     with pytest.raises(JobConfigError, match="output.checkpoint_root: 's3://clm/x' is a bucket"):
         prepare_config(config, setup, "job-000000000000000000000006")
+
+
+def test_a_job_may_not_keep_more_embedder_requests_in_flight_than_the_trainer_allows(setup):
+    settings = setup.model_copy(update={"max_job_requests_in_flight": 6})
+    config = recipe_config(backend="embedder", name="x")
+    config["encoder"]["concurrency"] = 6
+    assert prepare_config(config, settings, "job-000000000000000000000010").encoder.concurrency == 6
+    config["encoder"]["concurrency"] = 7
+    with pytest.raises(JobConfigError, match=r"encoder.concurrency: 7 requests .* \(6, CLM_TRAINER_MAX_JOB") as refused:
+        prepare_config(config, settings, "job-000000000000000000000011")
+    assert refused.value.status == 400 and refused.value.key == "encoder.concurrency"

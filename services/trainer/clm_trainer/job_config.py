@@ -34,6 +34,9 @@ runs, so a symlink swapped in after submit is still caught):
   (none: no client-chosen network endpoints), ``output.report_dir``
   (``<work_root>/<job id>/report``) and ``encoder.embedder_url``
   (``CLM_TRAINER_EMBEDDER_URL``).
+* **A job's share of the embedder**: ``encoder.concurrency`` (its requests in
+  flight) may not pass ``max_job_requests_in_flight`` (400): the embedder's
+  admission is shared with clm-serve and the other jobs.
 * **No client-chosen tracking endpoint**: ``tracking.mlflow_tracking_uri`` is
   refused (400): it is a network endpoint or, as ``file:``, a write path the
   client would choose. TensorBoard event files are written beside the job's
@@ -230,6 +233,10 @@ def _effective(cfg: RecipeConfig, settings: TrainerSettings, job_id: str) -> Rec
         encoder["model"] = str(confine(cfg.encoder.model, [settings.model_root], "encoder.model"))
     if cfg.encoder.backend == "embedder":
         encoder["embedder_url"] = settings.embedder_url
+        if cfg.encoder.concurrency > settings.max_job_requests_in_flight:
+            raise JobConfigError(f"encoder.concurrency: {cfg.encoder.concurrency} requests in flight is more than this "
+                                 f"trainer lets one job keep at the embedder ({settings.max_job_requests_in_flight}, "
+                                 "CLM_TRAINER_MAX_JOB_REQUESTS_IN_FLIGHT)", key="encoder.concurrency", status=400)
     return _replace(
         cfg, data=data, heads=heads, encoder=encoder,
         cache={"dir": settings.effective_cache_dir.resolve(), "redis_url": None},

@@ -27,6 +27,10 @@ class TrainerSettings(ServiceSettings):
     redis_timeout_s: float = Field(3.0, gt=0, description="Socket timeout of Redis calls: a dead Redis fails fast, never hangs.")
     api_token: SecretStr = Field(SecretStr(""), description="Bearer token required on mutating routes; empty disables auth.")
     embedder_url: str = Field("http://127.0.0.1:8001", description="Embedder service the workers request vectors from.")
+    max_job_requests_in_flight: int = Field(8, ge=1, description="Most embedder requests one job may keep in flight "
+                                            "(`encoder.concurrency`; a job asking for more is a 400): the embedder "
+                                            "admits CLM_EMBEDDER_MAX_IN_FLIGHT_REQUESTS (16) from everyone, clm-serve "
+                                            "included, so one job must not take them all.")
     data_root: Path = Field(Path("examples"), description="Job data paths must resolve inside this folder.")
     data_stores: str = Field(
         "", description="Where a job's `data.*` may name records by URL: comma-separated `s3://bucket/prefix` "
