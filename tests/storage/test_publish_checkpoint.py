@@ -31,19 +31,14 @@ from clm.checkpoint.versions import (
     publish_files,
     resolve_store_latest,
 )
-from clm.encoders.base import EncoderFingerprint
-from clm.heads import CLMHeadPair, HeadConfig
+from clm.heads import CLMHeadPair
 from clm.recipes.errors import PublishError
 from clm.recipes.publishing import HeadsPublisher, Publication
 from clm.retry import RetryPolicy
-from clm.texts import TEMPLATE_VERSION
 from clm_devtools.seaweedfs import SeaweedS3
 
-from support.storage import s3_store
+from support.storage import FINGERPRINT, SMALL, s3_store
 
-SMALL = HeadConfig(hidden_size=32, width=16, projection_dim=8)
-FINGERPRINT = EncoderFingerprint(model="tiny", weights="w" * 64, pooling="last", normalize=True, dtype="float32",
-                                 max_tokens=64, template_version=TEMPLATE_VERSION)
 
 
 @pytest.fixture(params=["folder", "bucket"])

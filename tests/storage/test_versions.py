@@ -21,15 +21,10 @@ from clm.checkpoint.versions import (
     resolve_store_latest,
     version_label,
 )
-from clm.encoders.base import EncoderFingerprint
-from clm.heads import CLMHeadPair, HeadConfig
-from clm.texts import TEMPLATE_VERSION
+from clm.heads import CLMHeadPair
 
-from support.storage import s3_store
+from support.storage import FINGERPRINT, SMALL, s3_store
 
-SMALL = HeadConfig(hidden_size=32, width=16, projection_dim=8)
-FINGERPRINT = EncoderFingerprint(model="tiny", weights="w" * 64, pooling="last", normalize=True, dtype="float32",
-                                 max_tokens=64, template_version=TEMPLATE_VERSION)
 
 
 @pytest.fixture(scope="module")
