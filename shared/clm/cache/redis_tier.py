@@ -28,7 +28,6 @@ the same Redis also holds the trainer's job queue.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TypeVar
 
@@ -38,6 +37,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from clm.cache.circuit import TierCircuit
 from clm.redis_connect import async_client
 
 log = logging.getLogger(__name__)
@@ -99,8 +99,7 @@ class RedisTier:
             retry=Retry(NoBackoff(), retries=1),
             decode_responses=False,
         )
-        self._down_since: float | None = None  # monotonic time of the last outage; None = healthy
-        self._last_error: str | None = None
+        self._circuit = TierCircuit(f"redis at {url}", retry_interval_s, "serving from disk until it returns")
         self._configured = False
 
     # ------------------------------------------------------------------ state
@@ -108,11 +107,11 @@ class RedisTier:
     @property
     def available(self) -> bool:
         """False from an outage until the next successful command."""
-        return self._down_since is None
+        return self._circuit.available
 
     @property
     def last_error(self) -> str | None:
-        return self._last_error
+        return self._circuit.last_error
 
     def redis_key(self, key: bytes) -> bytes:
         """The Redis key under which the cache key ``key`` is stored."""
@@ -179,9 +178,8 @@ class RedisTier:
 
     async def _guarded(self, what: str, call: Callable[[], Awaitable[T]], *, bypass_circuit: bool = False) -> T:
         """Run one Redis call, translating outages into TierUnavailable and tracking the circuit."""
-        if not bypass_circuit and self._circuit_open():
-            raise TierUnavailable(f"redis at {self.url} is down ({self._last_error}); retrying in "
-                                  f"{self._seconds_until_retry():.1f}s")
+        if not bypass_circuit and self._circuit.is_open():
+            raise TierUnavailable(self._circuit.refusal())
         try:
             if not self._configured:
                 await self._apply_memory_config()
@@ -189,24 +187,11 @@ class RedisTier:
         except _OUTAGE_ERRORS as exc:
             self._mark_down(f"{type(exc).__name__}: {exc}")
             raise TierUnavailable(f"redis {what} at {self.url} failed: {exc}") from exc
-        if self._down_since is not None:
-            log.info("redis at %s is reachable again", self.url)
-        self._down_since = None
-        self._last_error = None
+        self._circuit.mark_up()
         return result
 
-    def _circuit_open(self) -> bool:
-        return self._down_since is not None and self._seconds_until_retry() > 0
-
-    def _seconds_until_retry(self) -> float:
-        assert self._down_since is not None
-        return self._down_since + self.retry_interval_s - time.monotonic()
-
     def _mark_down(self, reason: str) -> None:
-        if self._down_since is None:
-            log.warning("redis at %s unavailable (%s); serving from disk until it returns", self.url, reason)
-        self._down_since = time.monotonic()
-        self._last_error = reason
+        self._circuit.mark_down(reason)
         self._configured = False  # a restarted server has forgotten CONFIG SET
 
     async def _apply_memory_config(self) -> None:

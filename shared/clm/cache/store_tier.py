@@ -28,16 +28,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from clm.cache.circuit import TierCircuit
 from clm.cache.redis_tier import TierUnavailable
 from clm.storage import NotFound, ObjectStore, StorageError
-
-log = logging.getLogger(__name__)
 
 # What "the store is not there" looks like: the interface's errors (unavailable, access denied) and
 # the OS's (a LocalStore on a full, read-only or vanished volume).
@@ -69,18 +66,18 @@ class StoreTier:
         self.stall_timeout_s = stall_timeout_s
         self.retry_interval_s = retry_interval_s
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="clm-store")
-        self._down_since: float | None = None  # monotonic time of the last failure; None = healthy
-        self._last_error: str | None = None
+        self._circuit = TierCircuit(f"object store {store.url}", retry_interval_s,
+                                    "the cache serves without it until it returns")
         self._closed = False
 
     @property
     def available(self) -> bool:
         """False from a failure until the next call that succeeds."""
-        return self._down_since is None
+        return self._circuit.available
 
     @property
     def last_error(self) -> str | None:
-        return self._last_error
+        return self._circuit.last_error
 
     async def ping(self) -> bool:
         """True when the store answers; never raises (also closes the circuit when it answers)."""
@@ -132,23 +129,20 @@ class StoreTier:
             raise RuntimeError(f"store tier at {self.url} is closed")
         if not calls:
             return []
-        if not bypass_circuit and self._circuit_open():
-            raise TierUnavailable(f"object store {self.url} is down ({self._last_error}); retrying in "
-                                  f"{self._down_since + self.retry_interval_s - time.monotonic():.1f}s")
+        if not bypass_circuit and self._circuit.is_open():
+            raise TierUnavailable(self._circuit.refusal())
         loop = asyncio.get_running_loop()
         futures = [loop.run_in_executor(self._pool, call) for call in calls]
         try:
             await self._until_done_or_stalled(what, futures)
         except (_Stalled, *_OUTAGE_ERRORS) as exc:
             reason = str(exc) if isinstance(exc, _Stalled) else f"{type(exc).__name__}: {exc}"
-            self._mark_down(reason)
+            self._circuit.mark_down(reason)
             raise TierUnavailable(f"object store {what} at {self.url} failed: {reason}") from exc
         finally:
             for future in futures:
                 future.cancel()  # those not started yet (a started call runs on; its result is dropped)
-        if self._down_since is not None:
-            log.info("object store %s is reachable again", self.url)
-        self._down_since = self._last_error = None
+        self._circuit.mark_up()
         return [future.result() for future in futures]
 
     async def _until_done_or_stalled(self, what: str, futures: list[asyncio.Future]) -> None:
@@ -164,13 +158,3 @@ class StoreTier:
             first = next((error for error in errors if error is not None), None)
             if first is not None:
                 raise first
-
-    def _circuit_open(self) -> bool:
-        return self._down_since is not None and time.monotonic() < self._down_since + self.retry_interval_s
-
-    def _mark_down(self, reason: str) -> None:
-        if self._down_since is None:
-            log.warning("object store %s unavailable (%s); the cache serves without it until it returns",
-                        self.url, reason)
-        self._down_since = time.monotonic()
-        self._last_error = reason
