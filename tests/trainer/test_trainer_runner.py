@@ -107,7 +107,7 @@ def test_a_job_publishes_into_the_trainers_bucket_once_and_a_retry_reuses_that_v
     ("s3://clm/elsewhere", "is outside"),
     ("s3://other-bucket/x", "is outside"),
     ("{root}x", "is outside"),  # a sibling prefix that merely starts with the root's
-    ("ckpt", "is a folder"),
+    ("ckpt", "is outside"),  # a folder, where the trainer publishes into a bucket
 ])
 def test_a_job_may_publish_only_inside_the_trainers_bucket(setup, s3_prefix, asked, why):
     settings = setup.model_copy(update={"checkpoint_root": s3_prefix})
@@ -131,7 +131,7 @@ def test_a_job_may_publish_under_a_prefix_inside_the_trainers_bucket(setup, s3_p
 def test_a_trainer_publishing_into_a_folder_refuses_a_bucket(setup):
     config = recipe_config(setup.model_root / "tiny-qwen3", name="x")
     config["output"]["checkpoint_root"] = "s3://clm/x"
-    with pytest.raises(JobConfigError, match="output.checkpoint_root: 's3://clm/x' is a bucket"):
+    with pytest.raises(JobConfigError, match="output.checkpoint_root: 's3://clm/x' is outside the trainer's checkpoint root"):
         prepare_config(config, setup, "job-000000000000000000000006")
 
 

@@ -95,18 +95,31 @@ def confine(value: str | Path, roots: list[Path], key: str) -> Path:
                          key=key, status=400)
 
 
+def confine_location(value: str | Path, roots: list[Path | str], key: str, where: str, *,
+                     objects: bool = False) -> Path | str:
+    """``value`` checked to lie inside one of ``roots``, else ``JobConfigError`` (400) naming ``key`` and ``where``
+    (the roots, in words). The one rule for every location a job names: a folder, symlinks followed, inside a
+    folder root; a bucket location (``s3://bucket/prefix``) inside a bucket root by bucket and whole prefix
+    segments (``clm.storage.bucket_within``). ``objects``: ``value`` names one object (a key, strictly inside)."""
+    if isinstance(value, str) and is_url(value):  # clm.storage.Location keeps bucket locations as text
+        try:
+            url = str(parse_object_url(value, need_key=objects))
+        except ValueError as error:
+            raise JobConfigError(f"{key}: {error}; nothing outside {where} is used", key=key, status=400) from None
+        if any(bucket_within(url, str(root)) and not (objects and url == str(root))
+               for root in roots if is_bucket(root)):
+            return url
+    else:
+        folders = [Path(root) for root in roots if not is_bucket(root)]
+        if folders:
+            return confine(value, folders, key)
+    raise JobConfigError(f"{key}: {str(value)!r} is outside {where}", key=key, status=400)
+
+
 def confine_url(value: str, stores: list[str], key: str) -> str:
-    """The object URL ``value`` (``s3://bucket/key``), checked to lie inside one of ``stores`` (bucket and whole
-    prefix segments, ``clm.storage.bucket_within``); else ``JobConfigError`` (400) naming ``key``."""
-    try:
-        url = str(parse_object_url(value))
-    except ValueError as error:
-        raise JobConfigError(f"{key}: {error}; nothing outside {_allowed_stores(stores)} is read",
-                             key=key, status=400) from None
-    if any(url != store and bucket_within(url, store) for store in stores):
-        return url
-    raise JobConfigError(f"{key}: {value!r} is outside {_allowed_stores(stores)}; records by URL must lie in one "
-                         "of the configured data stores", key=key, status=400)
+    """The object URL ``value`` (``s3://bucket/key``) inside one of the data ``stores`` (``confine_location``)."""
+    return str(confine_location(value, list(stores), key, f"{_allowed_stores(stores)}; records by URL must lie in "
+                                "one of the configured data stores", objects=True))
 
 
 def _allowed_stores(stores: list[str]) -> str:
@@ -250,27 +263,14 @@ def _absolute(location: Path | str) -> Path | str:
 
 def _confine_init_checkpoint(value: Path | str, checkpoint_root: Path | str, data_root: Path) -> Path | str:
     """Heads to start from: a file or folder in the checkpoint or data root, or a version in the checkpoint bucket."""
-    key = "heads.init_checkpoint"
-    if is_bucket(value):
-        if is_bucket(checkpoint_root) and bucket_within(str(value), str(checkpoint_root)):
-            return value
-        raise JobConfigError(f"{key}: {str(value)!r} is outside the trainer's checkpoint root {checkpoint_root}",
-                             key=key, status=400)
-    return confine(value, [root for root in (checkpoint_root, data_root) if not is_bucket(root)], key)
+    return confine_location(value, [checkpoint_root, data_root], "heads.init_checkpoint",
+                            f"the trainer's checkpoint root {checkpoint_root} and its data root {data_root}")
 
 
 def _confine_checkpoint_root(value: Path | str, root: Path | str) -> Path | str:
     """A job's ``output.checkpoint_root`` inside the service's: the same kind (folder or bucket), within it."""
-    key = "output.checkpoint_root"
-    if not is_bucket(root):
-        if is_bucket(value):
-            raise JobConfigError(f"{key}: {value!r} is a bucket; this trainer publishes into the folder {root}",
-                                 key=key, status=400)
-        return confine(value, [root], key)
-    if not is_bucket(value) or not bucket_within(str(value), str(root)):
-        raise JobConfigError(f"{key}: {str(value)!r} is outside {root}; a job publishes inside the trainer's "
-                             "checkpoint bucket", key=key, status=400)
-    return value
+    return confine_location(value, [root], "output.checkpoint_root",
+                            f"the trainer's checkpoint root {root}; a job publishes inside it")
 
 
 def _replace(cfg: RecipeConfig, **sections: dict[str, Any]) -> RecipeConfig:

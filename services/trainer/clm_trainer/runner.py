@@ -24,18 +24,16 @@ three things the in-process CLI run does not need:
 from __future__ import annotations
 
 import fcntl
-import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from clm.checkpoint import JSON_FILE, PublishedVersion, list_versions, read_version_file
+from clm.checkpoint import PublishedVersion, find_version
 from clm.recipes.config import RecipeConfig
 from clm.recipes.progress import Observers, ProgressEvent, RunObserver
 from clm.recipes.publishing import HeadsPublisher, Publication
 from clm.recipes.train_clm_heads import TrainCLMHeadsRecipe
-from clm.storage import StorageError
 
 logger = logging.getLogger(__name__)
 
@@ -50,14 +48,7 @@ class JobCancelled(Exception):
 
 def find_published(root: Path | str, name: str, job_id: str) -> PublishedVersion | None:
     """The version of ``name`` that job ``job_id`` published, if any (newest first: a retry's is recent)."""
-    for version in reversed(list_versions(root, name)):
-        try:
-            metadata = json.loads(read_version_file(root, version, JSON_FILE))
-        except (OSError, StorageError, ValueError):
-            continue
-        if (metadata.get("metrics") or {}).get(JOB_ID_METRIC) == job_id:
-            return version
-    return None
+    return find_version(root, name, lambda metadata: (metadata.get("metrics") or {}).get(JOB_ID_METRIC) == job_id)
 
 
 class OncePerJobPublisher(HeadsPublisher):

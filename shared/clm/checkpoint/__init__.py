@@ -32,6 +32,7 @@ from clm.checkpoint.format import (
 from clm.checkpoint.store import (
     LATEST_FILE,
     PublishedVersion,
+    find_version,
     list_versions,
     load_heads_reference,
     fetch_version,
@@ -58,6 +59,7 @@ __all__ = [
     "PublishedVersion",
     "check_heads_encoder",
     "checkpoint_sha256",
+    "find_version",
     "list_versions",
     "load_checkpoint",
     "load_heads_reference",

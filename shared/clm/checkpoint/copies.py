@@ -31,14 +31,15 @@ class VersionCache:
     """
 
     def __init__(self, cache_dir: Path, store: ObjectStore) -> None:
+        self.store = store
         where = f"{getattr(store, 'endpoint', '')} {store.url}"
         slug = re.sub(r"[^A-Za-z0-9._-]+", "_", store.url.removeprefix("s3://")).strip("_")[:80]
         self.root = cache_dir / f"{slug}-{hashlib.sha256(where.encode()).hexdigest()[:10]}"
 
-    def fetch(self, store: ObjectStore, name: str, version: int, *, again: bool = False) -> Path:
+    def fetch(self, name: str, version: int, *, again: bool = False) -> Path:
         """A complete local copy of the version; ``again``: download it even if a copy is there (an admin
         reload heals a copy damaged on this disk)."""
-        label = version_label(version)
+        store, label = self.store, version_label(version)
         folder = self.root / name / label
         try:
             manifest = store.get(f"{name}/{label}/{MANIFEST_FILE}").data

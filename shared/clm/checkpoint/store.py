@@ -36,12 +36,13 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from clm.checkpoint.copies import VersionCache
 from clm.checkpoint.files import LoadedCheckpoint, load_checkpoint, read_manifest, save_checkpoint
-from clm.checkpoint.format import MANIFEST_FILE, PT_FILE, CheckpointError
+from clm.checkpoint.format import JSON_FILE, MANIFEST_FILE, PT_FILE, CheckpointError
 from clm.checkpoint.versions import (
     checkpoint_files,
     list_store_versions,
@@ -53,7 +54,7 @@ from clm.durable import atomic_write_bytes, fsync_dir, temp_sibling
 from clm.encoders.base import EncoderFingerprint
 from clm.heads import CLMHeadPair
 from clm.retry import RetryPolicy
-from clm.storage import ObjectStore, is_bucket, open_store
+from clm.storage import ObjectStore, StorageError, is_bucket, open_store
 
 Root = str | os.PathLike  # a folder, or a bucket location s3://bucket/prefix
 LATEST_FILE = "latest"
@@ -132,6 +133,33 @@ def list_versions(root: Root, name: str) -> list[PublishedVersion]:
     return sorted(versions, key=lambda v: v.version)
 
 
+def find_version(root: Root, name: str, matches: Callable[[dict], bool]) -> PublishedVersion | None:
+    """The newest complete version of ``name`` whose ``heads.json`` metadata ``matches``, or None.
+
+    Newest first, one read of ``heads.json`` per version tried (one store, one listing of the name in a
+    bucket) and the manifest of the match only: what a publisher asks before publishing again (did this job
+    already publish?), where the answer, when there is one, is among the newest. A version whose metadata
+    cannot be read is passed over."""
+    if is_bucket(root):
+        store = _bucket(root, name)
+        for version in reversed(list_store_versions(store, name)):
+            try:
+                metadata = json.loads(store.get(f"{name}/{version_label(version)}/{JSON_FILE}").data)
+            except (StorageError, ValueError):
+                continue
+            if isinstance(metadata, dict) and matches(metadata):
+                return _in_bucket(store, name, version)
+        return None
+    for published in reversed(list_versions(root, name)):
+        try:
+            metadata = json.loads((published.path / JSON_FILE).read_bytes())
+        except (OSError, ValueError):
+            continue
+        if isinstance(metadata, dict) and matches(metadata):
+            return published
+    return None
+
+
 def resolve_latest(root: Root, name: str) -> PublishedVersion:
     """The version ``latest`` points at; ``CheckpointError`` when none is published or the pointer is bad."""
     if is_bucket(root):
@@ -161,8 +189,7 @@ def fetch_version(root: Root, version: PublishedVersion, cache_dir: Path) -> Pat
     manifest is the bucket's is reused)."""
     if version.path is not None:
         return version.path
-    store = _bucket(root, version.name)
-    return VersionCache(cache_dir, store).fetch(store, version.name, version.version)
+    return VersionCache(cache_dir, _bucket(root, version.name)).fetch(version.name, version.version)
 
 
 def load_heads_reference(path: Root, cache_dir: Path | None = None) -> LoadedCheckpoint:

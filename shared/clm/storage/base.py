@@ -73,6 +73,10 @@ class ObjectStore(Protocol):
     def list(self, prefix: str = "") -> list[str]:
         """Every key under ``prefix`` (sorted)."""
 
+    def list_folders(self, prefix: str = "") -> list[str]:
+        """The names one level below ``prefix`` that hold keys (``a`` for ``a/b`` and ``a/c/d``; sorted): one
+        delimited listing in a bucket, however many keys lie deeper."""
+
     def delete(self, key: str) -> None:
         """Remove ``key`` (no error when it is absent)."""
 

@@ -30,6 +30,15 @@ def _etag(stat: os.stat_result) -> str:
     return f"{stat.st_ino:x}-{stat.st_mtime_ns:x}-{stat.st_size:x}"
 
 
+def _holds_objects(folder: str) -> bool:
+    """Whether any key lies under ``folder`` (stops at the first one)."""
+    for _, dirs, files in os.walk(folder):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        if any(not name.startswith(".") for name in files):
+            return True
+    return False
+
+
 class LocalStore:
     def __init__(self, root: str | os.PathLike) -> None:
         self.root = Path(root)
@@ -92,6 +101,16 @@ class LocalStore:
                 if not name.startswith("."):  # temporary files and lock files are hidden
                     keys.append(Path(folder, name).relative_to(self.root).as_posix())
         return sorted(keys)
+
+    def list_folders(self, prefix: str = "") -> list[str]:
+        base = self.root / prefix if prefix.strip("/") else self.root
+        try:
+            entries = list(os.scandir(base))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        # as a bucket would: a folder with no object under it (an empty one, or only hidden temporaries) is none
+        return sorted(entry.name for entry in entries if entry.is_dir() and not entry.name.startswith(".")
+                      and _holds_objects(entry.path))
 
     def delete(self, key: str) -> None:
         self.path(key).unlink(missing_ok=True)

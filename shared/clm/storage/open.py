@@ -8,6 +8,8 @@ location stays the URL string (``Path`` would fold its ``//``).
 from __future__ import annotations
 
 import os
+import threading
+from collections import OrderedDict
 from pathlib import Path
 from typing import Annotated, Any
 from pydantic import BeforeValidator
@@ -45,13 +47,34 @@ def bucket_within(location: str, allowed: str) -> bool:
 Location = Annotated[Path | str, BeforeValidator(parse_location)]
 
 
+_MAX_OPEN_BUCKETS = 64
+_open_buckets: OrderedDict[tuple, ObjectStore] = OrderedDict()
+_open_buckets_lock = threading.Lock()
+
+
 def open_store(location: str | os.PathLike, **s3_options: object) -> ObjectStore:
-    """``LocalStore`` for a path, ``S3Store`` for ``s3://bucket/prefix`` (``s3_options``: its keyword arguments)."""
+    """``LocalStore`` for a path, ``S3Store`` for ``s3://bucket/prefix`` (``s3_options``: its keyword arguments).
+
+    A bucket location's client (its connection pool, its credentials) is made once and reused by every later
+    call with the same location, options and ``AWS_*`` environment in this process: a poll or a listing then
+    pays no new TLS handshake. A forked child makes its own (a client's runtime does not survive a fork)."""
     text = os.fspath(location)
     if is_bucket(text):
         from clm.storage.s3 import S3Store  # noqa: PLC0415
 
-        return S3Store(text, **s3_options)  # type: ignore[arg-type]
+        environment = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
+        key = (os.getpid(), text.rstrip("/"), tuple(sorted(s3_options.items())), environment)
+        with _open_buckets_lock:
+            store = _open_buckets.get(key)
+            if store is not None:
+                _open_buckets.move_to_end(key)
+                return store
+        store = S3Store(text, **s3_options)  # type: ignore[arg-type]
+        with _open_buckets_lock:
+            _open_buckets[key] = store
+            while len(_open_buckets) > _MAX_OPEN_BUCKETS:
+                _open_buckets.popitem(last=False)
+        return store
     if "://" in text:
         raise ValueError(f"{text!r}: only folders and s3:// URLs are stores")
     return LocalStore(text)

@@ -86,6 +86,13 @@ class S3Store:
         pages = self._call(prefix, lambda: obstore.list(self._store, prefix or None).collect())
         return sorted(meta["path"] for meta in pages)
 
+    def list_folders(self, prefix: str = "") -> list[str]:
+        import obstore  # noqa: PLC0415
+
+        base = prefix.strip("/")
+        found = self._call(prefix, lambda: obstore.list_with_delimiter(self._store, base or None))
+        return sorted(folder.rstrip("/").rpartition("/")[2] for folder in found["common_prefixes"])
+
     def delete(self, key: str) -> None:
         import obstore  # noqa: PLC0415
 

@@ -97,9 +97,9 @@ class BucketLatest:
     published = True
     watch_dir = None
 
-    def __init__(self, store: ObjectStore, name: str, cache: VersionCache) -> None:
-        self.store, self.label, self.cache = store, name, cache
-        self.where = f"{store.url}/{name}"
+    def __init__(self, name: str, cache: VersionCache) -> None:
+        self.store, self.label, self.cache = cache.store, name, cache
+        self.where = f"{self.store.url}/{name}"
         self._seen: tuple[str, Target | str] | None = None  # latest's ETag -> its target, or why it has none
 
     def resolve(self, *, refresh: bool = False) -> Target | None:
@@ -114,7 +114,7 @@ class BucketLatest:
             return known
         try:
             version = resolve_store_latest(self.store, self.label)
-            folder = self.cache.fetch(self.store, self.label, version, again=refresh)
+            folder = self.cache.fetch(self.label, version, again=refresh)
             target = Target(folder, read_manifest(folder)["files"][PT_FILE]["sha256"])
         except CheckpointError as error:  # refused like a folder's (outages, StorageError, are not remembered)
             self._seen = (etag, str(error))
@@ -130,7 +130,7 @@ class PublishedRoot(Protocol):
     location: str
 
     def names(self) -> list[str]:
-        """Every name with a ``latest`` pointer, sorted. Blocking."""
+        """Every name folder under the root, sorted (``has_latest`` tells which are published). Blocking."""
 
     def has_latest(self, name: str) -> bool:
         """Whether ``name`` has a ``latest`` pointer. Blocking."""
@@ -145,8 +145,7 @@ class FolderRoot:
 
     def names(self) -> list[str]:
         try:
-            return sorted(entry.name for entry in self.root.iterdir()
-                          if _NAME.match(entry.name) and (entry / LATEST_FILE).is_file())
+            return sorted(entry.name for entry in self.root.iterdir() if _NAME.match(entry.name) and entry.is_dir())
         except OSError:  # no root yet: nothing published
             return []
 
@@ -158,23 +157,20 @@ class FolderRoot:
 
 
 class BucketRoot:
-    def __init__(self, location: str, cache_dir: Path) -> None:
-        self.store = open_store(location)
+    def __init__(self, location: str, cache_dir: Path, store: ObjectStore | None = None) -> None:
+        self.store = store or open_store(location)
         self.location = self.store.url
         self.cache = VersionCache(cache_dir, self.store)
 
     def names(self) -> list[str]:
-        """One listing of the prefix, keeping the ``<name>/latest`` keys (the store's ``list`` has no
-        delimiter; a listing page holds 1000 keys, about 140 versions of 7 files)."""
-        names = (key.split("/")[0] for key in self.store.list() if key.count("/") == 1
-                 and key.endswith(f"/{LATEST_KEY}"))
-        return sorted(name for name in names if _NAME.match(name))
+        """One delimited listing of the prefix: its folders, however many versions lie below them."""
+        return [name for name in self.store.list_folders() if _NAME.match(name)]
 
     def has_latest(self, name: str) -> bool:
         return bool(_NAME.match(name)) and self.store.head(f"{name}/{LATEST_KEY}") is not None
 
     def follow(self, name: str) -> BucketLatest:
-        return BucketLatest(self.store, name, self.cache)
+        return BucketLatest(name, self.cache)
 
 
 def open_root(location: Path | str, cache_dir: Path) -> FolderRoot | BucketRoot:

@@ -93,8 +93,8 @@ def _ckpt_dir_sources(settings: ServeSettings, taken: set[str]) -> list[HeadsSou
 
 def published_sources(settings: ServeSettings, root: PublishedRoot, taken: set[str]) -> list[HeadsSource]:
     """Names published under ``checkpoint_root`` (a ``latest`` pointer exists) that ``published_models`` lets
-    in, in name order. Blocking: ``*`` lists the folder or the bucket prefix once; named ones are looked up
-    one by one (a HEAD each in a bucket), only while they are not served yet."""
+    in, in name order. Blocking: ``*`` lists the folder or the bucket prefix once (one level); a name not
+    served yet is then looked up (a HEAD of its ``latest`` in a bucket), a served one costs nothing more."""
     wanted = settings.published_names()
     if wanted == []:
         return []
