@@ -40,6 +40,10 @@ class TrainerSettings(ServiceSettings):
         "", description="Where finished jobs' reports are kept: `<report_store>/<job id>/report.json`, `.html`, "
         "`tensorboard/`... (a folder or `s3://bucket/prefix`), uploaded by the worker and served by "
         "`GET /jobs/<id>/report` from any host. Empty: they stay in `<work_root>/<job id>/report`.")
+    report_store_retry_s: float = Field(
+        120.0, ge=0, description="How long a worker keeps trying to upload a finished job's report through an outage "
+        "of `report_store`. Past it the job still succeeds (its heads are published), its result says why the report "
+        "is not in the store (`report_error`) and the report stays in the worker's `work_root`.")
     model_root: Path = Field(Path("var/models"), description="A local encoder model folder named by a job must resolve inside this folder.")
     checkpoint_root: Location = Field(Path("var/checkpoints"), description="Published heads: <root>/<name>/vNNNN and "
                                       "latest; a folder, or a bucket s3://bucket/prefix (its endpoint and keys from "

@@ -37,7 +37,7 @@ import redis
 from clm.errors import KindedError, job_code
 from clm.recipes.errors import DISK_FULL_ERRNOS
 from clm.retry import RetryPolicy, failure_of, next_sleep
-from clm.storage import StoreUnavailable
+from clm.storage import StorageError, StoreUnavailable
 
 from .job_config import load_job_config
 from .job_progress import JobProgressRecorder, finite
@@ -53,7 +53,6 @@ logger = logging.getLogger(__name__)
 _CLAIM_RETRY = RetryPolicy(initial_wait_s=0.5, max_wait_s=10.0)
 _CALL_RETRY = RetryPolicy(initial_wait_s=0.2, max_wait_s=5.0)
 # A finished job's report upload, while the report store is unavailable: a while, then the job fails (unavailable).
-_STORE_RETRY = RetryPolicy(budget_s=120.0, initial_wait_s=0.5, max_wait_s=10.0)
 
 
 def _redis_down(error: BaseException) -> bool:
@@ -210,9 +209,16 @@ class Worker:
                                  should_cancel=monitor.should_stop)
             finally:
                 recorder.close()
-            stored_report = self._upload_report(claim, monitor)
-            if stored_report is not None:
-                result = {**result, "report": stored_report}  # where any API host finds it
+            try:
+                stored_report = self._upload_report(claim, monitor)
+            except StorageError as error:  # the heads are published: a report the store would not take fails nothing
+                logger.error("job %s: the report stays in %s; the report store did not take it: %s", claim.job_id,
+                             work_dir / "report", error)
+                self.metrics.report_upload_failures.inc()
+                result = {**result, "report_error": f"not copied to {self.settings.report_store}: {error}"}
+            else:
+                if stored_report is not None:
+                    result = {**result, "report": stored_report}  # where any API host finds it
             return "succeeded", None, finite(result)
         except JobCancelled:
             if monitor.lost.is_set():
@@ -241,13 +247,14 @@ class Worker:
 
     def _upload_report(self, claim: Claim, monitor: LeaseMonitor) -> str | None:
         """The finished job's report copied to the report store (``clm_trainer.report_store``), retried while the
-        store is unavailable for up to ``_STORE_RETRY``'s budget; its location there, None without a store."""
+        store is unavailable for up to ``report_store_retry_s``; its location there, None without a store."""
         def announce(state) -> None:
             self.metrics.retries.labels("report_store").inc()
             logger.warning("job %s: uploading the report failed (%s); retrying in %.1fs", claim.job_id,
                            failure_of(state), next_sleep(state))
 
-        retrying = _STORE_RETRY.retrying(lambda error: isinstance(error, StoreUnavailable), before_sleep=announce,
+        policy = RetryPolicy(budget_s=self.settings.report_store_retry_s, initial_wait_s=0.5, max_wait_s=10.0)
+        retrying = policy.retrying(lambda error: isinstance(error, StoreUnavailable), before_sleep=announce,
                                          stop_event=monitor.lost)
         return retrying(upload_report, self.settings, claim.job_id)
 

@@ -40,6 +40,10 @@ class WorkerMetrics:
                                "embedder: an embedding batch retried while the embedder was unavailable; "
                                "report_store: a report upload retried while the report store was unavailable).",
                                ["cause"], registry=r)
+        self.report_upload_failures = Counter("clm_trainer_worker_report_upload_failures", "Finished jobs whose "
+                                              "report the report store did not take within "
+                                              "CLM_TRAINER_REPORT_STORE_RETRY_S (the job succeeded; its report "
+                                              "stayed on this worker).", registry=r)
         for outcome in ("succeeded", "failed", "cancelled", "released", "lost"):
             self.jobs.labels(outcome)
         for result in ("renewed", "lost", "error"):
