@@ -47,6 +47,13 @@ class EmbedderState:
         # batch is already waiting at that bound while one is still counted and answered, and no vLLM slot
         # idles between two requests.
         concurrency = 2 * backend.inner.max_in_flight if spec.is_remote else 1
+        if spec.is_remote:
+            # No model runs in this process: torch only converts answers (clm_embedder.encodings), where a pool of
+            # threads splits a 512x4096 matrix and its workers spin for CPU the event loop and, on a shared
+            # machine, the vLLM replicas need (measured under `make bench-fleet`: ~12% of the embedder's CPU).
+            import torch  # noqa: PLC0415  (already loaded by transformers)
+
+            torch.set_num_threads(1)
         encoder = CoalescingEncoder(counted, window_ms=settings.coalesce_window_ms, max_concurrency=concurrency)
         redis = None
         if settings.redis_url:
