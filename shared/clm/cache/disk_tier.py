@@ -86,8 +86,8 @@ class DiskTier:
             return 0
 
         def write(txn) -> int:
-            for key, value in pairs:
-                txn.put(key, value, overwrite=True)
+            with txn.cursor() as cursor:  # one call into lmdb for the batch, not one per entry
+                cursor.putmulti(pairs, overwrite=True)
             return len(pairs)
 
         return await self._in_thread(self._shared.run, write, write=True)

@@ -7,6 +7,7 @@ model, pooling, dtype or text template can never be mixed in silently.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import asdict, dataclass
@@ -39,7 +40,7 @@ class EncoderFingerprint:
     def as_dict(self) -> dict:
         return asdict(self)
 
-    @property
+    @functools.cached_property  # frozen: computed once (every cache key and every embedder response uses it)
     def digest(self) -> str:
         """sha256 hex of the canonical JSON of the fields (stable across processes and versions)."""
         canonical = json.dumps(self.as_dict(), sort_keys=True, separators=(",", ":"))
