@@ -30,13 +30,11 @@ def _etag(stat: os.stat_result) -> str:
     return f"{stat.st_ino:x}-{stat.st_mtime_ns:x}-{stat.st_size:x}"
 
 
-def _holds_objects(folder: str) -> bool:
-    """Whether any key lies under ``folder`` (stops at the first one)."""
-    for _, dirs, files in os.walk(folder):
+def _object_files(folder: str | os.PathLike) -> Iterator[Path]:
+    """The files under ``folder`` that are objects, lazily: temporary files and lock files are hidden."""
+    for parent, dirs, files in os.walk(folder):
         dirs[:] = [d for d in dirs if not d.startswith(".")]
-        if any(not name.startswith(".") for name in files):
-            return True
-    return False
+        yield from (Path(parent, name) for name in files if not name.startswith("."))
 
 
 class LocalStore:
@@ -94,13 +92,7 @@ class LocalStore:
         base = self.root / prefix if prefix else self.root
         if not base.is_dir():
             return []
-        keys = []
-        for folder, dirs, files in os.walk(base):
-            dirs[:] = [d for d in dirs if not d.startswith(".")]
-            for name in files:
-                if not name.startswith("."):  # temporary files and lock files are hidden
-                    keys.append(Path(folder, name).relative_to(self.root).as_posix())
-        return sorted(keys)
+        return sorted(path.relative_to(self.root).as_posix() for path in _object_files(base))
 
     def list_folders(self, prefix: str = "") -> list[str]:
         base = self.root / prefix if prefix.strip("/") else self.root
@@ -110,7 +102,7 @@ class LocalStore:
             return []
         # as a bucket would: a folder with no object under it (an empty one, or only hidden temporaries) is none
         return sorted(entry.name for entry in entries if entry.is_dir() and not entry.name.startswith(".")
-                      and _holds_objects(entry.path))
+                      and next(_object_files(entry.path), None) is not None)
 
     def delete(self, key: str) -> None:
         self.path(key).unlink(missing_ok=True)
