@@ -9,7 +9,8 @@ active on ``--device cpu`` too). Then:
 
 1. warms up both (every option text of the request mix gets projected once);
 2. one client, interleaved: each round posts one 3-question SystemOne request
-   (choice, noul, score) to ours, one to upstream's, and the same question's
+   (choice, noul, score) to ours, the same questions through OpenAI's
+   ``/v1/decisions`` to ours, one to upstream's, and the same question's
    state texts (what clm-serve embeds for a request: one per question) straight
    to the embedder's ``/v1/embeddings``, in a shuffled order, ``--rounds``
    times. Every request carries a NEW state, from disjoint pools per side
@@ -33,7 +34,8 @@ and the comparisons with upstream and the embedder are skipped (null).
 Prints one JSON line last: p50_ratio_1_client (ours / upstream's p50 at one
 client, target <= 1.0), throughput_ratio_8_clients (ours / upstream's
 requests/s at ``--clients``, target >= 1.0), p50_vs_embedder_only (ours p50 /
-the bare embedder call's, target <= 1.1), reload_seconds,
+the bare embedder call's, target <= 1.1), decisions_vs_systemone_p50 (the
+same work through ``/v1/decisions`` / ``/v1/systemone``, target <= 1.02), reload_seconds,
 failed_requests_during_reload (target 0), plus every figure behind them and
 the context.
 """
@@ -59,18 +61,19 @@ import numpy as np
 import torch
 
 from clm.checkpoint import publish_checkpoint
+from clm.contract.names import DEFAULT_MODEL
 from clm.encoders.base import EncoderFingerprint
 from clm.encoders.minilm import MINILM_MAX_TOKENS, MINILM_NAME, minilm_model_dir
 from clm.encoders.model_identity import fingerprint_for_model_dir
 from clm.heads import CLMHeadPair, HeadConfig
-from clm.texts import state_text
+from clm.texts import render_state, state_text
 from clm_devtools.devstack import start_embedder, start_serve
 from clm_devtools.procs import http_ok, wait_until
 from clm_devtools.upstream import UpstreamServe
 
 HEADS_NAME = "bench-triage"
 SECOND_NAME = "bench-second"  # a second published name served beside it (CLM_SERVE_PUBLISHED_MODELS)
-RELOADED = {"clm-latest": HEADS_NAME, SECOND_NAME: SECOND_NAME}  # served model -> published name, both reloaded
+RELOADED = {DEFAULT_MODEL: HEADS_NAME, SECOND_NAME: SECOND_NAME}  # served model -> published name, both reloaded
 VOCAB = ("alert user login failed from country firewall blocked port severity critical host process "
          "powershell encoded parent winword outbound connection dns query domain rare beacon interval "
          "admin privilege escalation scheduled task backup service account password spray lateral").split()
@@ -83,6 +86,16 @@ QUESTIONS = {
     "severity": {"type": "score", "instructions": "How severe is it?",
                  "criteria": ["none", "low", "medium", "high", "critical"]},
 }
+
+# The same questions as OpenAI's Decisions API asks them (a predicate has no true/false descriptions: its option
+# texts differ from the noul's, their number and the work do not; both are projected once while warming).
+DECISIONS_QUESTIONS = [
+    {"type": "choice", "name": "disposition", "instructions": QUESTIONS["disposition"]["instructions"],
+     "choices": [{"value": name, "description": text} for name, text in QUESTIONS["disposition"]["criteria"].items()]},
+    {"type": "predicate", "name": "escalate", "instructions": QUESTIONS["escalate"]["instructions"]},
+    {"type": "score", "name": "severity", "instructions": QUESTIONS["severity"]["instructions"],
+     "levels": [{"label": level} for level in QUESTIONS["severity"]["criteria"]]},
+]
 
 
 def make_states(count: int, seed: int = 0, pool: str = "ours") -> list[dict]:
@@ -134,10 +147,12 @@ async def probe(url: str, states: list[dict]) -> tuple[bool, str]:
 class Side:
     """One thing measured: a clm-serve (ours or upstream's) or the bare embedder, with its own state pool."""
 
-    def __init__(self, name: str, url: str, pool: str, *, embedder: dict | None = None) -> None:
+    def __init__(self, name: str, url: str, pool: str, *, embedder: dict | None = None,
+                 decisions: bool = False) -> None:
         self.name, self.url = name, url
         self.states = state_stream(pool)
         self.embedder = embedder  # the /v1/embeddings fields clm-serve's client sends, for the bare embedder
+        self.decisions = decisions  # ask through /v1/decisions (the state rendered as its text input)
 
     def client(self) -> httpx.AsyncClient:
         return httpx.AsyncClient(base_url=self.url, timeout=60, limits=httpx.Limits(max_keepalive_connections=64))
@@ -155,13 +170,18 @@ class Side:
             elapsed = time.perf_counter() - started
             assert vectors.shape[0] == len(texts)
             return elapsed
+        if self.decisions:  # the same state texts: the input is the state as /v1/systemone renders it
+            path, body = "/v1/decisions", {"model": DEFAULT_MODEL, "input": render_state(state),
+                                           "questions": DECISIONS_QUESTIONS}
+        else:
+            path, body = "/v1/systemone", {"state": state, "questions": QUESTIONS}
         started = time.perf_counter()
-        response = await client.post("/v1/systemone", json={"state": state, "questions": QUESTIONS})
+        response = await client.post(path, json=body)
         if response.status_code != 200:
             raise RuntimeError(f"{self.name}: {response.status_code} {response.text[:300]}")
         answers = response.json()["answers"]
         elapsed = time.perf_counter() - started
-        assert answers.keys() == QUESTIONS.keys(), answers
+        assert len(answers) == len(QUESTIONS), answers
         return elapsed
 
 
@@ -396,15 +416,13 @@ def _wait_ready(url: str, timeout: float = 180.0) -> None:
     wait_until(lambda: http_ok(f"{url}/health", timeout=5), timeout, interval=0.2, what=f"clm-serve at {url} ready")
 
 
-async def _warm(urls: list[str], rounds: int = 8) -> None:
-    """Every option text of the mix gets projected (later requests hit both action caches), connections
-    and code paths get warm; on states of their own pool."""
-    states = state_stream("warm")
-    async with httpx.AsyncClient(timeout=60) as client:
-        for _ in range(rounds):
-            for url in urls:
-                response = await client.post(f"{url}/v1/systemone", json={"state": next(states), "questions": QUESTIONS})
-                response.raise_for_status()
+async def _warm(sides: list[Side], rounds: int = 8) -> None:
+    """Every option text of the mix gets projected (later requests hit the action caches: both servers', and
+    each dialect's options), connections and code paths get warm; on states of each side's own pool."""
+    for side in sides:
+        async with side.client() as client:
+            for _ in range(rounds):
+                await side.once(client)
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -438,14 +456,15 @@ def main(argv: list[str] | None = None) -> int:
                             poll_interval_s=args.poll_interval)
         try:
             ours = Side("ours", stack.url, "ours")
-            sides = [ours]
+            sides = [ours, Side("ours_decisions", stack.url, "decisions", decisions=True)]
             if stack.upstream_url:
                 sides.append(Side("upstream", stack.upstream_url, "upstream"))
-            asyncio.run(_warm([side.url for side in sides]))
+            asyncio.run(_warm(sides))
             if stack.embedder_url:
                 sides.append(Side("embedder", stack.embedder_url, "embedder", embedder=stack.embedder_fields))
             single = asyncio.run(one_client(sides, args.rounds))
             servers = [side for side in sides if side.embedder is None]
+            servers = [side for side in servers if not side.decisions]  # the dialects' ratio is one client's
             loaded = asyncio.run(many_clients(servers, args.clients, args.seconds, args.slice_seconds))
             result = asyncio.run(run_load(stack.url, stack.root, stack.fingerprint, stack.dim, args.clients,
                                           args.reload_seconds))
@@ -457,6 +476,8 @@ def main(argv: list[str] | None = None) -> int:
         "p50_ratio_1_client": _ratio(single["ours"]["p50_ms"], theirs1.get("p50_ms")),
         "throughput_ratio_8_clients": _ratio(loaded["ours"]["requests_per_s"], theirs8.get("requests_per_s")),
         "p50_vs_embedder_only": _ratio(single["ours"]["p50_ms"], bare.get("p50_ms")),
+        # the same work through OpenAI's dialect and vLLM's, same run, same server (target <= 1.02)
+        "decisions_vs_systemone_p50": _ratio(single["ours_decisions"]["p50_ms"], single["ours"]["p50_ms"]),
         "reload_seconds": result["reload_seconds"],
         "failed_requests_during_reload": result["failed_requests_during_reload"],
         "one_client": single,

@@ -40,8 +40,9 @@ from typing import Any, Union
 
 import httpx
 
+from clm.contract.names import DEFAULT_MODEL  # re-exported: upstream's clm.client has it
+
 DEFAULT_BASE_URL = "http://127.0.0.1:8700"
-DEFAULT_MODEL = "clm-latest"
 BASE_URL_ENV = "CLM_BASE_URL"
 API_KEY_ENV = "CLM_API_KEY"
 LATENCY_HEADER = "X-CLM-Latency-Ms"

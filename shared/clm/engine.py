@@ -50,10 +50,10 @@ from typing import Any
 
 import numpy as np
 
-from clm.schema import RAW_SCALE, answer_from_logits, build_pairs, tempered_logits, wire_question
+from clm.contract.answers import RAW_SCALE, tempered_logits
+from clm.contract.names import DEFAULT_MODEL, RAW_MODEL
+from clm.schema import answer_from_logits, build_pairs, wire_question
 
-DEFAULT_MODEL = "clm-latest"
-RAW_MODEL = "clm-raw"
 RELEASE = "2026-09-19"  # upstream's release date of its models, as its /v1/models reports it
 REFERENCE_HEAD_FILE = "CLM_v0.1-8B.pt"
 DEFAULT_EMB_URL = "http://127.0.0.1:8090/v1/embeddings"

@@ -17,16 +17,14 @@ keys are refused); their errors are ``ValueError``s, as upstream's.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from clm.texts import NOUL_TEXT_KEYS, as_question, option_texts, state_text, to_text
+from clm.contract.answers import RAW_SCALE, softmax, tempered_logits, upstream_answer
+from clm.contract.answers import typesafe_confidence as confidence
+from clm.contract.question_types import NOUL_TEXT_KEYS, QUESTION_TYPES
+from clm.texts import as_question, option_texts, state_text, to_text
 
-# upstream's clm-raw logit scale (its engine.RAW_SCALE): 100 x cosine of the raw, L2-normalised vectors.
-RAW_SCALE = 100.0
-
-QUESTION_TYPES = ("noul", "choice", "score")
 NOUL_KEYS = NOUL_TEXT_KEYS
 
 __all__ = ["NOUL_KEYS", "QUESTION_TYPES", "answer_from_logits", "answer_from_probs", "build_pairs", "candidates",
@@ -72,54 +70,14 @@ def build_pairs(state: Any, questions: Mapping[str, Any]) -> dict[str, tuple[str
     return pairs
 
 
-def softmax(logits: Sequence[float]) -> list[float]:
-    """Float64 softmax, max-shifted."""
-    top = max(logits)
-    weights = [math.exp(v - top) for v in logits]
-    total = sum(weights)
-    return [w / total for w in weights]
 
-
-def tempered_logits(logits, temperature: float):
-    """``logits / temperature`` (numpy or torch) with the top logit moved to 0 first (the softmax is the same):
-    a temperature near 0 then gives the argmax's one-hot instead of inf - inf = NaN (upstream's formula
-    overflows there: 100 / 5e-324). Divided in float64: in float32 such a temperature is 0, and 0 / 0 is NaN."""
-    if temperature == 1.0:
-        return logits
-    shifted = logits - logits.max()
-    if hasattr(shifted, "double"):  # torch
-        return shifted.double() / temperature
-    import numpy as np  # here, not at the top: `import clm` stays light
-
-    with np.errstate(over="ignore"):  # -inf for the others is the intended limit
-        return shifted.astype(np.float64) / temperature
-
-
-def confidence(probs: Sequence[float]) -> float:
-    """The top probability minus the mean of the rest, in [0, 1] (1.0 for one option)."""
-    if len(probs) < 2:
-        return 1.0
-    top = max(range(len(probs)), key=probs.__getitem__)
-    rest = [p for i, p in enumerate(probs) if i != top]
-    return max(0.0, min(1.0, probs[top] - sum(rest) / len(rest)))
 
 
 def answer_from_probs(question: Any, keys: Sequence[str], probs: Sequence[float]) -> dict:
     """The answer object of ``question`` from its distribution over ``keys`` (model-output order)."""
     wire = wire_question(question)
-    kind = wire["type"]
-    probs = [float(p) for p in probs]
-    dist = dict(zip(keys, probs))
-    if kind == "noul":
-        return {"type": "noul", "noul": dist["true"]}
-    if kind == "choice":
-        top = max(range(len(probs)), key=probs.__getitem__)
-        return {"type": "choice", "choice": keys[top], "confidence": confidence(probs), "probabilities": dist}
-    if kind != "score":
-        raise ValueError(f"unknown question type {kind!r}")
-    legend = {str(i): level if isinstance(level, str) else to_text(level) for i, level in enumerate(wire["criteria"])}
-    return {"type": "score", "score": sum(i * p for i, p in enumerate(probs)), "confidence": confidence(probs),
-            "legend": legend, "probabilities": dist}
+    levels = [level if isinstance(level, str) else to_text(level) for level in wire.get("criteria") or ()]
+    return upstream_answer(wire["type"], keys, probs, levels if wire["type"] == "score" else ())
 
 
 def answer_from_logits(question: Any, keys: Sequence[str], logits: Sequence[float]) -> dict:

@@ -51,6 +51,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
+from clm.contract.question_types import NOUL_TEXT_KEYS  # the noul options in model-output order
 from clm.records.questions import ChoiceQuestion, NoulQuestion, Question, ScoreQuestion
 
 TEMPLATE_VERSION = "contrastive-lm-0.1"
@@ -58,7 +59,6 @@ TEMPLATE_VERSION = "contrastive-lm-0.1"
 
 PARAGRAPH = "\n\n"
 NOUL_DEFAULT_TEXTS = {"false": "No. This is false: ", "true": "Yes. This is true: "}
-NOUL_TEXT_KEYS = ("false", "true")  # the noul options in model-output order (records call them no, yes)
 
 _QUESTION_ADAPTER: TypeAdapter[Question] = TypeAdapter(Question)
 

@@ -13,14 +13,18 @@ import pytest
 
 from clm.texts import option_texts
 from clm_serve.http.protocol import StructuredDecisionRequest, StructuredDecisionResponse
-from clm_serve.question_types import StructuredDecisionError, build_question, typesafe_confidence
+from clm.contract.answers import systemone_answer, typesafe_confidence
+from clm_serve.question_types import StructuredDecisionError, build_question
 from support.serve import DATA
 
 
 def test_request_model_has_vllms_fields_and_defaults(schemas):
     theirs = schemas["structured_decision_request"]["properties"]
     ours = StructuredDecisionRequest.model_json_schema()["properties"]
-    assert set(ours) == set(theirs) | {"temperature"}  # upstream contrastive-lm's, the one addition
+    # the additions: upstream contrastive-lm's temperature, and vLLM 0.33's joint (the schemas are 0.32's)
+    assert set(ours) == set(theirs) | {"temperature", "joint"}
+    assert ours["joint"] == {"default": False, "description": ours["joint"]["description"], "title": "Joint",
+                             "type": "boolean"}  # StrictBool, as vLLM 0.33's
     assert ours["temperature"]["default"] == 1.0
     assert set(StructuredDecisionRequest.model_json_schema()["required"]) == set(
         schemas["structured_decision_request"]["required"])
@@ -35,10 +39,17 @@ def test_request_model_has_vllms_fields_and_defaults(schemas):
 def test_response_model_has_vllms_fields(schemas):
     theirs = schemas["structured_decision_response"]
     ours = StructuredDecisionResponse.model_json_schema()
-    assert set(ours["properties"]) == set(theirs["properties"]) and ours["required"] == theirs["required"]
+    # vLLM 0.33 adds `joint` (null unless a joint-schema model read the questions jointly: never for a CLM)
+    assert set(ours["properties"]) == set(theirs["properties"]) | {"joint"}
+    assert ours["required"] == theirs["required"]
     additions = {"DecisionUsage": {"billing_units"}, "QuestionDiagnostics": {"top_probability", "ignored"}}
     for name, added in additions.items():
         assert set(ours["$defs"][name]["properties"]) == set(theirs["$defs"][name]["properties"]) | added
+
+
+def _answer(question, probs: list[float]) -> dict:
+    """``/v1/systemone``'s answer as clm-serve builds it (a score's option texts are its level texts)."""
+    return systemone_answer(question.type.name, question.option_ids, probs, question.option_texts)
 
 
 @pytest.mark.parametrize("case", json.loads((DATA / "vllm_answers.json").read_text())["cases"],
@@ -48,7 +59,8 @@ def test_answers_equal_vllms_value_by_value(case):
     # vLLM lists a noul's probabilities as (yes, no); a CLM scores upstream's order (false, true) = (no, yes).
     probs = case["probs"][::-1] if case["type"] == "noul" else case["probs"]
     assert question.option_ids == (("no", "yes") if case["type"] == "noul" else question.option_ids)
-    answer = question.type.answer(question, probs, case["label_mass"])
+    assert case["label_mass"] == 1.0  # a CLM scores only the options: all of the mass is on them
+    answer = _answer(question, probs)
     expected = dict(case["answer"])
     if case["type"] != "noul":  # upstream's (TypeSafe's) confidence for choice and score; a noul's is vLLM's
         expected["confidence"] = typesafe_confidence(probs) * case["label_mass"]
@@ -71,7 +83,7 @@ def test_refusals_carry_vllms_messages(type_name, criteria, message):
 def test_a_one_option_choice_is_answered_with_probability_one():
     """vLLM and the upstream CLM answer it (nothing to rank): probability 1, confidence 1."""
     question = build_question("q", "choice", "", {"only": "the one way"}, max_options=64)
-    answer = question.type.answer(question, [1.0], 1.0)
+    answer = _answer(question, [1.0])
     assert (answer["choice"], answer["probabilities"], answer["confidence"]) == ("only", {"only": 1.0}, 1.0)
 
 
@@ -111,7 +123,7 @@ def test_what_vllm_refuses_and_upstream_answers_is_answered():
     for type_name, levels, texts in upstream_candidates:
         question = build_question("", type_name, "How bad?", list(levels), max_options=255)
         assert question.option_texts == texts and question.option_ids == tuple(str(i) for i in range(len(levels)))
-        answer = question.type.answer(question, [1 / len(levels)] * len(levels), 1.0)
+        answer = _answer(question, [1 / len(levels)] * len(levels))
         assert answer["legend"] == dict(zip(map(str, range(len(texts))), texts))
     noul = build_question("q", "noul", "Act?", {"true": "act now", "maybe": "y"}, max_options=255)
     assert noul.option_texts == ("false: No. This is false: Act?", "true: act now")

@@ -30,7 +30,7 @@ class ServeMetrics:
         )
         self.questions = Counter("clm_serve_questions", "Questions answered, by served model and question type.",
                                  ["model", "type"], registry=r)
-        self.answers = Counter("clm_serve_model_requests", "Requests answered (POST /v1/systemone and /v1/rank), "
+        self.answers = Counter("clm_serve_model_requests", "Requests answered (POST /v1/systemone, /v1/decisions and /v1/rank), "
                                "by served model (`clm-raw` too).", ["model"], registry=r)
         self.batch_questions = Histogram(
             "clm_serve_projection_batch_questions", "Questions per micro-batched state projection.",

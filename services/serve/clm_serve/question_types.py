@@ -46,11 +46,11 @@ from typing import Any, ClassVar
 
 from pydantic import ValidationError
 
+from clm.contract.question_types import NOUL_TEXT_KEYS
 from clm.records.questions import ChoiceQuestion as RecordChoice
 from clm.records.questions import NoulQuestion as RecordNoul
 from clm.records.questions import Question as QuestionModel
 from clm.records.questions import ScoreQuestion as RecordScore
-from clm.schema import confidence as typesafe_confidence  # upstream's (TypeSafe's) definition, one copy
 from clm.texts import as_question, option_texts, to_text
 
 
@@ -98,9 +98,6 @@ class QuestionType(ABC):
         the model built without its extra rules, and what was ignored."""
         raise NotImplementedError
 
-    @abstractmethod
-    def answer(self, question: Question, probs: list[float], label_mass: float) -> dict[str, Any]:
-        """The answer for ``question``; ``probs[i]`` is the probability of option i (the list sums to 1)."""
 
 
 QUESTION_TYPES: dict[str, QuestionType] = {}
@@ -164,10 +161,6 @@ def build_question(qid: str, type_name: str, instructions: Any, criteria: Any, m
     return Question(id=qid, type=qtype, model=model, option_texts=texts, ignored=tuple(ignored))
 
 
-def argmax(values: list[float]) -> int:
-    return max(range(len(values)), key=values.__getitem__)
-
-
 @register_question_type
 class ChoiceQuestion(QuestionType):
     """Pick one option. ``criteria`` maps each option name to a description, or to null."""
@@ -185,15 +178,6 @@ class ChoiceQuestion(QuestionType):
         # upstream takes any option name, "" included (the records want non-empty names)
         return RecordChoice.model_construct(type="choice", instructions=instructions, criteria=dict(criteria)), ()
 
-    def answer(self, question: Question, probs: list[float], label_mass: float) -> dict[str, Any]:
-        top = argmax(probs)
-        names = question.option_ids
-        return {
-            "type": self.name,
-            "choice": names[top],
-            "probabilities": dict(zip(names, probs)),
-            "confidence": typesafe_confidence(probs) * label_mass,
-        }
 
 
 @register_question_type
@@ -208,18 +192,10 @@ class NoulQuestion(QuestionType):
     def lenient_model(self, instructions: Any, criteria: Any) -> tuple[QuestionModel, tuple[str, ...]]:
         if not isinstance(criteria, dict):
             return RecordNoul(type="noul", instructions=instructions), ("criteria",)
-        kept = {key: criteria[key] for key in ("true", "false") if key in criteria}
+        kept = {key: criteria[key] for key in reversed(NOUL_TEXT_KEYS) if key in criteria}  # true, then false
         ignored = tuple(f"criteria.{key}" for key in criteria if key not in kept)
         return RecordNoul(type="noul", instructions=instructions, criteria=kept or None), ignored
 
-    def answer(self, question: Question, probs: list[float], label_mass: float) -> dict[str, Any]:
-        by_name = dict(zip(question.option_ids, probs))
-        return {
-            "type": self.name,
-            "noul": by_name["yes"],
-            "probabilities": {"yes": by_name["yes"], "no": by_name["no"]},
-            "confidence": max(probs) * label_mass,
-        }
 
 
 @register_question_type
@@ -239,12 +215,3 @@ class ScoreQuestion(QuestionType):
         # upstream takes any levels (repeated, not strings, named like an index): the options are the indices
         return RecordScore.model_construct(type="score", instructions=instructions, criteria=list(criteria)), ()
 
-    def answer(self, question: Question, probs: list[float], label_mass: float) -> dict[str, Any]:
-        return {
-            "type": self.name,
-            # The expected level, 0-indexed, so a level's index in the request's criteria is its value.
-            "score": sum(i * p for i, p in enumerate(probs)),
-            "legend": {str(i): to_text(level) for i, level in enumerate(question.model.criteria)},
-            "probabilities": {str(i): p for i, p in enumerate(probs)},
-            "confidence": typesafe_confidence(probs) * label_mass,
-        }

@@ -9,6 +9,7 @@ from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from clm.checkpoint.compat import REFERENCE_ENCODER_MODEL, REFERENCE_ENCODER_WIDTH, AssumedEncoder
+from clm.contract.names import DEFAULT_MODEL, RAW_MODEL
 from clm.encoders.spec import (DEFAULT_ENCODER_MAX_TOKENS, DEFAULT_ENCODER_MODEL, DEFAULT_ENCODER_POOLING, EncoderSpec,
                                spec_from_settings)
 from clm.storage import Location
@@ -29,7 +30,7 @@ class ServeSettings(ServiceSettings):
     port: int = port_field(8003, validation_alias=AliasChoices("CLM_SERVE_PORT", "CLM_PORT"))
     max_body_bytes: int = body_limit_field(4 * 1024 * 1024)
     served_model_name: str = Field(
-        "clm-latest", min_length=1, description="Name of the served heads (upstream contrastive-lm's `clm-latest`); a "
+        DEFAULT_MODEL, min_length=1, description="Name of the served heads (upstream contrastive-lm's `clm-latest`); a "
         "request without `model` (or null/\"\") is answered by them and the response names the model asked for. "
         "`clm-raw` (no heads: 100 x cosine of the raw encoder vectors) is always served too; any other name gets 404 "
         "listing the names.")
@@ -191,7 +192,7 @@ def parse_named_paths(value: str) -> dict[str, Path]:
         name, _, path = item.partition("=")
         if not name.strip() or not path.strip():
             raise ValueError(f"models: expects NAME=PATH, got {item!r}")
-        if name.strip() == "clm-raw":
-            raise ValueError("models: clm-raw is the name of the raw ablation (no heads); pick another name")
+        if name.strip() == RAW_MODEL:
+            raise ValueError(f"models: {RAW_MODEL} is the name of the raw ablation (no heads); pick another name")
         named[name.strip()] = Path(path.strip()).expanduser()
     return named

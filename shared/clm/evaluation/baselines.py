@@ -46,9 +46,10 @@ from clm.decision.constants import IGNORE_INDEX
 from clm.embedding_table import EmbeddingTable
 from clm.encoded import EncodedQuestion, EncodedRecord
 from clm.evaluation.metrics import COMPARED_METRICS, ScoredQuestion
-from clm.schema import RAW_SCALE  # upstream's clm-raw logit scale
+from clm.contract.answers import RAW_SCALE  # upstream's clm-raw logit scale
+from clm.contract.names import RAW_MODEL
 
-RAW_BASELINE = "clm-raw"
+RAW_BASELINE = RAW_MODEL  # the raw encoder's cosine, named as clm-serve serves it
 MIN_LABELS = 10
 LOGISTIC_CS = (0.1, 1.0, 10.0)  # inverse regularisation strengths tried by cross-validation
 CV_FOLDS = 3

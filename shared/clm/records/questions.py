@@ -20,14 +20,14 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, StrictStr, field_validator
 
-NOUL_TYPE = 0
-CHOICE_TYPE = 1
-SCORE_TYPE = 2
-QUESTION_TYPE_IDS: dict[str, int] = {"noul": NOUL_TYPE, "choice": CHOICE_TYPE, "score": SCORE_TYPE}
-NOUL_OPTIONS: tuple[str, str] = ("no", "yes")  # upstream CLM's (false, true): its texts, its order
-# Label of an unanswered question; the same value as the objectives' IGNORE_INDEX
-# (kept here too so reading records never imports torch).
-IGNORE_INDEX = -100
+from clm.contract.question_types import (  # defined once, beside the answers; re-exported by clm.records
+    CHOICE_TYPE,
+    IGNORE_INDEX,
+    NOUL_OPTIONS,
+    NOUL_TYPE,
+    QUESTION_TYPE_IDS,
+    SCORE_TYPE,
+)
 
 # A question with one option has a softmax that is always 1: nothing to learn
 # or decide, and almost certainly a data mistake.

@@ -13,6 +13,7 @@ from clm_http.api_key import APIKeyMiddleware, api_keys_from
 from clm_http.limits import BodySizeLimitMiddleware
 from clm_http.prometheus import RequestMetricsMiddleware
 
+from clm_serve.http.decisions import ServingDecisions
 from clm_serve.http.errors import UNAUTHORIZED, install_serve_error_handlers
 from clm_serve.http.playground_routes import cors_origins, playground_router
 from clm_serve.http.routes import router
@@ -20,7 +21,8 @@ from clm_serve.http.serving import ServingStructuredDecisions
 from clm_serve.runtime.service import ServeRuntime
 from clm_serve.settings import ServeSettings
 
-DECISION_PATH = "/v1/systemone"
+# The decision routes, counted and timed by the request metrics (one family, labelled by path).
+DECISION_PATHS = frozenset({"/v1/systemone", "/v1/decisions"})
 
 
 def create_app(settings: ServeSettings | None = None, *, encoder: EncoderBackend | None = None) -> FastAPI:
@@ -47,6 +49,7 @@ def create_app(settings: ServeSettings | None = None, *, encoder: EncoderBackend
     )
     app.state.runtime = runtime
     app.state.serving = ServingStructuredDecisions(runtime)
+    app.state.decisions = ServingDecisions(app.state.serving)  # /v1/decisions, on the same path
     install_serve_error_handlers(app)  # vLLM's error bodies, this service's typed errors mapped (http.errors)
     app.include_router(router)
     if settings.playground:  # the web page at / (CLM_SERVE_PLAYGROUND=false: / is 404)
@@ -55,9 +58,9 @@ def create_app(settings: ServeSettings | None = None, *, encoder: EncoderBackend
     # CLM_SERVE_API_KEY / CLM_API_KEY: vLLM's key check on /v1/* (a 401 before the body is read or counted).
     app.add_middleware(APIKeyMiddleware, keys=api_keys_from(settings.api_key), guarded_prefixes=("/v1",),
                        unauthorized_body=UNAUTHORIZED)
-    # Outermost: counts and times POST /v1/systemone by final status, the body limit's 413s included.
+    # Outermost: counts and times the decision routes by final status, the body limit's 413s included.
     app.add_middleware(RequestMetricsMiddleware, requests=runtime.metrics.requests,
-                       latency=runtime.metrics.latency, paths={DECISION_PATH})
+                       latency=runtime.metrics.latency, paths=DECISION_PATHS)
     # CLM_SERVE_CORS_ORIGINS: outside even the metrics, so preflights are answered without being counted as
     # decisions, and every answer (413s and error bodies too) carries the headers a cross-origin page needs.
     if origins := cors_origins(settings.cors_origins):

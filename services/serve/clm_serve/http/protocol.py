@@ -27,7 +27,7 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
 
 def random_uuid() -> str:
@@ -58,6 +58,19 @@ _MAX_CACHE_SALT_LENGTH = 128
 _CACHE_SALT_FORBIDDEN_CHARS = frozenset("@/\\\x00")
 
 
+def validate_cache_salt(cache_salt: str | None) -> str | None:
+    """vLLM's ``validate_cache_salt`` (both dialects): same rule, so the same requests fail on both servers."""
+    if cache_salt is None:
+        return None
+    if not cache_salt:
+        raise ValueError("Parameter 'cache_salt' must be a non-empty string if provided.")
+    if len(cache_salt) > _MAX_CACHE_SALT_LENGTH or any(c in _CACHE_SALT_FORBIDDEN_CHARS for c in cache_salt):
+        raise ValueError(
+            "Parameter 'cache_salt' must be at most 128 characters and must not contain '@', '/', '\\\\', or NUL."
+        )
+    return cache_salt
+
+
 class StructuredDecisionRequest(OpenAIBaseModel):
     model: str | None = None
     state: Any = Field(..., description="What the questions are about: text or JSON.")
@@ -74,6 +87,8 @@ class StructuredDecisionRequest(OpenAIBaseModel):
     )
     priority: int = Field(default=0, ge=-(2**63), le=2**63 - 1)
     request_id: str = Field(default_factory=random_uuid)
+    joint: StrictBool = Field(default=False, description="vLLM 0.33's joint reads (joint-schema models only): a "
+                              "CLM answers each question on its own, so true is a 400.")
     temperature: Any = Field(
         default=1.0, json_schema_extra={"type": "number", "exclusiveMinimum": 0, "maximum": 100},
         description="Divides the logits before the softmax (upstream contrastive-lm's): a number in (0, 100]; "
@@ -82,16 +97,7 @@ class StructuredDecisionRequest(OpenAIBaseModel):
     @field_validator("cache_salt")
     @classmethod
     def _check_cache_salt(cls, cache_salt: str | None) -> str | None:
-        # vLLM's validate_cache_salt: same rule, so the same requests fail on both servers.
-        if cache_salt is None:
-            return None
-        if not cache_salt:
-            raise ValueError("Parameter 'cache_salt' must be a non-empty string if provided.")
-        if len(cache_salt) > _MAX_CACHE_SALT_LENGTH or any(c in _CACHE_SALT_FORBIDDEN_CHARS for c in cache_salt):
-            raise ValueError(
-                "Parameter 'cache_salt' must be at most 128 characters and must not contain '@', '/', '\\\\', or NUL."
-            )
-        return cache_salt
+        return validate_cache_salt(cache_salt)
 
 
 class DecisionUsage(OpenAIBaseModel):
@@ -142,6 +148,7 @@ class StructuredDecisionResponse(OpenAIBaseModel):
     answers: dict[str, dict[str, Any]]
     usage: DecisionUsage
     diagnostics: dict[str, QuestionDiagnostics]
+    joint: None = Field(default=None, description="vLLM 0.33's joint-read diagnostics: always null for a CLM.")
 
 
 class ErrorInfo(OpenAIBaseModel):

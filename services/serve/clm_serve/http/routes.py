@@ -1,4 +1,4 @@
-"""HTTP routes of clm-serve: decisions, ranking, heads status, admin reload, health, metrics, models."""
+"""HTTP routes of clm-serve: decisions (vLLM's /v1/systemone, OpenAI's /v1/decisions), ranking, heads status, admin reload, health, metrics, models."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from clm_http.auth import require_bearer
 from clm_http.errors import APIError
 
+from clm_serve.http.decisions import ServingDecisions, parse_request
+from clm_serve.http.decisions_protocol import DecisionRequest, DecisionResponse
 from clm_serve.http.models import model_cards
 from clm_serve.http.protocol import ErrorResponse, RankRequest, RankResponse, StructuredDecisionRequest
 from clm_serve.http.serving import ServingStructuredDecisions
@@ -53,6 +55,22 @@ async def create_structured_decision(body: StructuredDecisionRequest, raw_reques
     started = time.perf_counter()
     response, heads = await serving.create_decision(body, raw_request)
     headers = _headers(heads, response.id.removeprefix("decision-"), started)
+    return JSONResponse(content=response.model_dump(), headers=headers)
+
+
+@router.post("/v1/decisions", responses=_ERRORS, response_model=DecisionResponse,
+             openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+                 "schema": DecisionRequest.model_json_schema(ref_template="#/components/schemas/{model}")}}}})
+async def create_decisions(raw_request: Request) -> JSONResponse:
+    """OpenAI's Decisions API (``client.decisions.create``), as vLLM 0.33 serves it: ``{model, input,
+    questions}`` answered ``{model, answers, usage}``, answers in question order. The same heads, names, key,
+    caches and metrics as ``/v1/systemone``, and the same probabilities for the same state and questions; the
+    headers of ``/v1/systemone`` (the body is exactly OpenAI's, so the heads version is in the header only)."""
+    serving: ServingDecisions = raw_request.app.state.decisions
+    started = time.perf_counter()
+    request = parse_request(await raw_request.body(), raw_request.headers.get("content-type", ""))
+    response, scored = await serving.create(request, raw_request)
+    headers = _headers(scored.heads, raw_request.headers.get("X-Request-Id") or "", started)
     return JSONResponse(content=response.model_dump(), headers=headers)
 
 

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
 
+from clm.contract.answers import RAW_SCALE, systemone_answer  # RAW_SCALE: clm-raw's logits are 100 x cosine
+from clm.contract.names import RAW_MODEL
 from clm.encoders.base import EncoderChanged, EncoderError, EncoderInputError
 from clm.records import FieldProblem
 from clm.records.model import checked_state
-from clm.schema import RAW_SCALE  # the scale of clm-raw's logits (100 x cosine, upstream's)
 from clm.texts import join_state, render_state, state_text_tail
 from clm_http.errors import APIError
 
@@ -33,11 +35,12 @@ from clm_serve.http.protocol import (
 )
 from clm_serve.question_types import Question, StructuredDecisionError, build_question
 from clm_serve.runtime.loaded_heads import LoadedHeads
+from clm_serve.runtime.names import ServedModel
 from clm_serve.runtime.service import ServeRuntime
 
 logger = logging.getLogger(__name__)
 
-RAW_FINGERPRINT = "clm-raw"  # the system_fingerprint of a clm-raw answer: no heads computed it
+RAW_FINGERPRINT = RAW_MODEL  # the system_fingerprint of a clm-raw answer: no heads computed it
 
 
 def parse_questions(request: StructuredDecisionRequest, *, max_questions: int, max_options: int) -> list[Question]:
@@ -79,11 +82,11 @@ def check_media(request: StructuredDecisionRequest) -> None:
         )
 
 
-def render_state_texts(request: StructuredDecisionRequest, questions: list[Question], max_chars: int) -> list[str]:
+def render_state_texts(state: Any, record_instructions: Any, questions: list[Question], max_chars: int) -> list[str]:
     """One state text per question, byte for byte the trainer's (``clm.texts``)."""
     try:
         # The records loader's rule, so a state the trainer accepts is one clm-serve accepts (vLLM's: any text).
-        rendered = render_state(checked_state(request.state))
+        rendered = render_state(checked_state(state))
     except FieldProblem as problem:
         raise StructuredDecisionError(f"{problem.field}: {problem.reason}", param=problem.field) from None
     except ValueError as error:  # NaN/Infinity parsed from the body: no canonical text exists
@@ -93,16 +96,17 @@ def render_state_texts(request: StructuredDecisionRequest, questions: list[Quest
             f"state renders to {len(rendered)} characters, more than this server's limit of {max_chars}",
             param="state",
         )
-    return [join_state(rendered, state_text_tail(q.instructions, request.instructions)) for q in questions]
+    return [join_state(rendered, state_text_tail(q.instructions, record_instructions)) for q in questions]
 
 
-def check_encodable(request: StructuredDecisionRequest, questions: list[Question], state_texts: list[str]) -> None:
+def check_encodable(request_id: str, questions: list[Question], state_texts: list[str]) -> None:
     """Every text the encoder reads or the response echoes must be valid Unicode: JSON's ``\\ud800``
     escapes decode to lone surrogates, which no tokenizer (and no UTF-8 response body) can take."""
-    values = [(request.request_id, "request_id")]
+    values = [(request_id, "request_id")]
     for question, text in zip(questions, state_texts):
-        values += [(question.id, "questions"), (text, f"questions.{question.id}")]
-        values += [(option, f"questions.{question.id}.criteria") for option in question.option_texts]
+        where = f"questions.{question.id}"  # both dialects name a question so (an id, or a list index)
+        values += [(question.id, "questions"), (text, where)]
+        values += [(option, f"{where}.criteria") for option in question.option_texts]
     for value, param in values:
         try:
             value.encode("utf-8")
@@ -113,29 +117,40 @@ def check_encodable(request: StructuredDecisionRequest, questions: list[Question
             ) from None
 
 
+def check_joint(joint: bool) -> None:
+    """vLLM 0.33's ``joint``: joint reads need a joint-schema model; a CLM scores each question on its own."""
+    if joint:
+        raise StructuredDecisionError("joint: CLM heads answer each question on its own; joint reads need a "
+                                      "joint-schema model", param="joint")
+
+
+@dataclass(frozen=True)
+class Scored:
+    """What every dialect answers from: the model asked for, the heads that computed it (None for
+    ``clm-raw``), the probabilities per question (model-output order) and the state tokens read."""
+
+    model: ServedModel
+    heads: LoadedHeads | None
+    probs: list[list[float]]
+    input_tokens: int
+
+    @property
+    def system_fingerprint(self) -> str:
+        return RAW_FINGERPRINT if self.heads is None else self.heads.system_fingerprint
+
+
 class ServingStructuredDecisions:
+    """The one decision path every dialect goes through: :meth:`score`, then the dialect's answer shape."""
+
     def __init__(self, runtime: ServeRuntime) -> None:
         self.runtime = runtime
         self.settings = runtime.settings
 
-    async def create_decision(
-        self, request: StructuredDecisionRequest, raw_request: Request | None = None
-    ) -> tuple[StructuredDecisionResponse, LoadedHeads | None]:
-        """The answer, and the heads that computed it (None for ``clm-raw``, which has none)."""
+    async def score(self, model: ServedModel, questions: list[Question], state_texts: list[str], *,
+                    temperature: float, request_id: str) -> Scored:
+        """The probabilities of ``questions`` (already checked) asked of ``model``, all computed by one heads
+        version: a swap during this request does not change what computes it."""
         runtime = self.runtime
-        model = runtime.registry.resolve(request.model)
-        temperature = check_temperature(request.temperature)
-        base_id = raw_request.headers.get("X-Request-Id") if raw_request is not None else None
-        request_id = f"decision-{base_id or request.request_id}"
-        # A StructuredDecisionError is vLLM's 400 naming its param (clm_serve.http.errors).
-        questions = parse_questions(
-            request, max_questions=self.settings.max_questions, max_options=self.settings.max_options
-        )
-        check_media(request)
-        texts = render_state_texts(request, questions, self.settings.max_state_chars)
-        check_encodable(request, questions, texts)
-
-        # Capture the heads ONCE: a swap during this request does not change what computes it.
         manager = runtime.registry.managers.get(model.served)
         heads = manager.current if manager is not None else None
         if runtime.engine is None or (heads is None and not model.is_raw):
@@ -144,9 +159,10 @@ class ServingStructuredDecisions:
         try:
             if model.is_raw:
                 heads = None
-                decision = await runtime.engine.decide_raw(questions, texts, temperature=temperature, scale=RAW_SCALE)
+                decision = await runtime.engine.decide_raw(questions, state_texts, temperature=temperature,
+                                                           scale=RAW_SCALE)
             else:
-                decision = await runtime.engine.decide(heads, questions, texts, temperature=temperature)
+                decision = await runtime.engine.decide(heads, questions, state_texts, temperature=temperature)
         except EncoderInputError as error:
             # The refused text is a state text this service rendered: name the client's field, not an index.
             raise APIError(400, f"the encoder refused a state text: {error.detail}", param="state") from None
@@ -157,25 +173,47 @@ class ServingStructuredDecisions:
         except EncoderError as error:  # answered 503 by clm_http's one mapping; logged with the request id
             logger.warning("request %s: encoder unavailable: %s", request_id, error)
             raise
+        for question in questions:
+            runtime.metrics.questions.labels(model.served, question.type.name).inc()
+        runtime.metrics.answers.labels(model.served).inc()
+        return Scored(model=model, heads=heads, probs=decision.probs, input_tokens=decision.input_tokens)
+
+    async def create_decision(
+        self, request: StructuredDecisionRequest, raw_request: Request | None = None
+    ) -> tuple[StructuredDecisionResponse, LoadedHeads | None]:
+        """``/v1/systemone``'s answer, and the heads that computed it (None for ``clm-raw``, which has none)."""
+        model = self.runtime.registry.resolve(request.model)
+        temperature = check_temperature(request.temperature)
+        base_id = raw_request.headers.get("X-Request-Id") if raw_request is not None else None
+        request_id = f"decision-{base_id or request.request_id}"
+        # A StructuredDecisionError is vLLM's 400 naming its param (clm_serve.http.errors).
+        questions = parse_questions(
+            request, max_questions=self.settings.max_questions, max_options=self.settings.max_options
+        )
+        check_media(request)
+        check_joint(request.joint)
+        texts = render_state_texts(request.state, request.instructions, questions, self.settings.max_state_chars)
+        check_encodable(request.request_id, questions, texts)
+        scored = await self.score(model, questions, texts, temperature=temperature, request_id=request_id)
 
         answers: dict[str, dict[str, Any]] = {}
         diagnostics: dict[str, QuestionDiagnostics] = {}
-        for question, probs in zip(questions, decision.probs):
-            # All of a CLM's probability is on the options: label mass 1, argmax always an option.
-            answers[question.id] = question.type.answer(question, probs, 1.0)
+        for question, probs in zip(questions, scored.probs):
+            # All of a CLM's probability is on the options: label mass 1, argmax always an option. A score's
+            # option texts are its level texts (clm.texts), which the answer's legend shows.
+            answers[question.id] = systemone_answer(question.type.name, question.option_ids, probs,
+                                                    question.option_texts)
             diagnostics[question.id] = QuestionDiagnostics(label_mass=1.0, argmax_is_label=True,
                                                            top_probability=max(probs), ignored=list(question.ignored))
-            runtime.metrics.questions.labels(model.served, question.type.name).inc()
-        runtime.metrics.answers.labels(model.served).inc()
         response = StructuredDecisionResponse(
             id=request_id,
             model=model.name,
             answers=answers,
-            usage=DecisionUsage(billing_units=len(questions), input_tokens=decision.input_tokens, output_tokens=0),
+            usage=DecisionUsage(billing_units=len(questions), input_tokens=scored.input_tokens, output_tokens=0),
             diagnostics=diagnostics,
-            system_fingerprint=RAW_FINGERPRINT if heads is None else heads.system_fingerprint,
+            system_fingerprint=scored.system_fingerprint,
         )
-        return response, heads
+        return response, scored.heads
 
     async def rank(self, request: RankRequest, raw_request: Request | None = None
                    ) -> tuple[RankResponse, LoadedHeads | None]:

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from clm.contract.answers import tempered_logits
 from clm.encoders.base import EncoderBackend
 from clm.encoders.coalescing import CoalescingEncoder
-from clm.schema import tempered_logits
 
 from clm_serve.runtime.action_cache import OptionEmbeddings, round_vectors
 from clm_serve.runtime.batcher import ProjectionBatcher

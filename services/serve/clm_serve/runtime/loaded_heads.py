@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 
 from clm.checkpoint import AssumedEncoder, CheckpointError, LoadedCheckpoint, check_heads_encoder, load_checkpoint
+from clm.contract.answers import tempered_logits
 from clm.encoders.base import EncoderFingerprint
 from clm.heads import CLMHeadPair
-from clm.schema import tempered_logits
 
 from clm_serve.runtime.action_cache import ActionCache
 

@@ -23,9 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from clm_serve.settings import ServeSettings
+from clm.contract.names import RAW_MODEL
 
-RAW_MODEL = "clm-raw"
+from clm_serve.settings import ServeSettings
 
 
 class UnknownModel(LookupError):
