@@ -81,6 +81,8 @@ def create_app(settings: EmbedderSettings | None = None) -> FastAPI:
     app.include_router(router)
     app.include_router(tokenize_router)
     # Upper bound of a legal body: every input at its character limit, 4 bytes per character in JSON escapes.
+    # It is also the one bound on a request asking for truncation (clm_embedder.inputs), which may spend this
+    # text on fewer, longer inputs: what one request makes the tokenizer read is bounded the same either way.
     max_body = settings.max_inputs_per_request * (settings.max_chars_per_input * 4 + 16) + 4096
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=min(max_body, settings.max_body_bytes))
     # Outermost, so it counts every answer, the body limit's 413s and the pre-checks' 4xx included.

@@ -70,7 +70,11 @@ async def resolve_inputs(body: PoolingRequestBase, state: EmbedderState) -> Reso
         keys, token_ids = await _render_chats(body, state)
         special = bool(body.add_special_tokens)
     else:
-        keys, token_ids = _plain_inputs(body, settings.max_chars_per_input)
+        # A request asking for truncation has its tokens cut, as vLLM cuts them, whatever its length: a
+        # per-input character bound would refuse, before any token is cut, a long document vLLM answers 200
+        # (clm-serve always truncates). Its inputs are bounded by the request body limit (clm_embedder.app),
+        # the text one request may carry, so the tokenizing work per request stays bounded as before.
+        keys, token_ids = _plain_inputs(body, settings.max_chars_per_input if truncation is None else None)
         special = body.add_special_tokens is not False
     if not keys:
         raise bad_request(NO_PROMPT)
@@ -113,8 +117,8 @@ def _salt_mark(salt: str | None) -> str | None:
     return None if salt is None else hashlib.sha256(salt.encode("utf-8")).hexdigest()[:32]
 
 
-def _plain_inputs(body: PoolingRequestBase, max_chars: int) -> tuple[list[str], bool]:
-    """(keys, token_ids?) of a text or token-id input."""
+def _plain_inputs(body: PoolingRequestBase, max_chars: int | None) -> tuple[list[str], bool]:
+    """(keys, token_ids?) of a text or token-id input; a text over ``max_chars`` (None: no bound) is a 413."""
     raw = body.input
     if isinstance(raw, str):
         raw = [raw]
@@ -132,9 +136,10 @@ def _plain_inputs(body: PoolingRequestBase, max_chars: int) -> tuple[list[str], 
             keys.append(token_ids_key(ids))
         return keys, True
     for index, text in enumerate(raw):
-        if len(text) > max_chars:
-            raise APIError(413, f"input {index} has {len(text)} characters; the limit is {max_chars}",
-                           param=f"input.{index}")
+        if max_chars is not None and len(text) > max_chars:
+            raise APIError(413, f"input {index} has {len(text)} characters; the limit is {max_chars} for an input "
+                                "sent without truncate_prompt_tokens (send it, e.g. -1, to have the input's tokens "
+                                "cut to the model's maximum length)", param=f"input.{index}")
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as error:  # a JSON "\ud800" escape: no tokenizer and no cache key takes it
