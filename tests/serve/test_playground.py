@@ -8,6 +8,11 @@ the page afresh with empty storage. Waits are DOM conditions (WebDriverWait), ne
 The server allows two origins (``CLM_SERVE_CORS_ORIGINS``): a made-up one for the preflight checks
 and a plain static server on another port that serves the same page files, which then calls
 clm-serve across origins (the "playground served elsewhere" case the setting is for).
+
+The page speaks three dialects (vLLM's /v1/systemone, upstream contrastive-lm's client, OpenAI's
+/v1/decisions) from one form: the tests switch between them, run each dialect's code as shown (the
+Python in subprocesses: httpx, upstream's CLMClient from its unpacked wheel, the openai SDK) and check
+that the same form gets the same probabilities in all three.
 """
 
 from __future__ import annotations
@@ -23,13 +28,17 @@ import subprocess
 import threading
 from pathlib import Path
 
+import sys
+
 import httpx
 import pytest
 
+from clm.texts import join_state, render_state
 from clm_serve.http.app import create_app
 from clm_serve.http.playground_routes import PLAYGROUND_DIR
 from support.browser import chromium_driver
 from support.serve import serve_settings, start_serve_with_heads
+from support.upstream import upstream_env, upstream_guard
 
 from selenium.common.exceptions import TimeoutException
 from selenium.webdriver.common.by import By
@@ -37,6 +46,7 @@ from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
 ALLOWED_ORIGIN = "http://playground.example"
+DIALECTS = ("systemone", "upstream", "decisions")  # the page's API picker, in its order
 # Rewritten by `CLM_UPDATE_SCREENSHOTS=1 pytest tests/serve/test_playground.py`.
 SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "playground.png"
 WAIT_S = 30
@@ -154,11 +164,40 @@ def answers(driver) -> dict[str, dict]:
     return out
 
 
+def served_models(serve) -> list[str]:
+    """The model names clm-serve lists (its OpenAI cards): the default heads first, then their aliases, the
+    published names and clm-raw; the page must list the same, in the same order."""
+    names = [card["id"] for card in httpx.get(serve.url + "/v1/models", timeout=10).json()["data"]]
+    assert names[0] == "clm-latest" and {"clm", "triage", "clm-raw"} <= set(names), names
+    return names
+
+
 def replace_text(element, text: str) -> None:
     """Select all and type: fires the input events a user's typing fires (clear() does not)."""
     element.send_keys(Keys.CONTROL, "a")
     element.send_keys(Keys.DELETE)
     element.send_keys(text)
+
+
+def pick_dialect(driver, dialect: str) -> None:
+    """Click the API picker's label (its radio is visually hidden, as a segmented control's is) and wait
+    for the page to follow: the route shown and the request view."""
+    tid(driver, f"dialect-{dialect}").find_element(By.XPATH, "..").click()
+    route = "POST /v1/decisions" if dialect == "decisions" else "POST /v1/systemone"
+    _wait(driver, lambda d: d.execute_script("return document.body.dataset.dialect") == dialect
+          and tid(d, "route").text == route, f"the page to switch to {dialect}")
+
+
+def notes(driver) -> list[str]:
+    return [note.get_attribute("textContent") for note in tids(driver, "dialect-note")]
+
+
+def run_python(code: str, env: dict | None = None) -> str:
+    """Run a code view's Python as a user would paste it; its stdout."""
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env=env or dict(os.environ))
+    assert ran.returncode == 0, f"{ran.stderr[-3000:]}\n--- the code:\n{code}"
+    return ran.stdout
 
 
 # ───────────────────────────── the page ─────────────────────────────
@@ -169,7 +208,8 @@ def test_page_loads_without_console_errors_and_lists_the_served_model(serve, bro
     assert browser.title == "clm-serve playground"
     assert "v0001" in tid(browser, "status").text
     picker = Select(tid(browser, "model"))
-    assert [option.get_attribute("value") for option in picker.options][1:] == ["clm-latest", "clm", "triage", "clm-raw"]
+    # what the server lists (its aliases are its settings' to change), in its order
+    assert [option.get_attribute("value") for option in picker.options][1:] == served_models(serve)
     assert picker.first_selected_option.get_attribute("value") == "clm-latest"
     # the example is preloaded: a state and one question of each type
     assert "impossible travel" in tid(browser, "state").get_attribute("value")
@@ -345,15 +385,193 @@ def test_a_playground_served_elsewhere_calls_across_origins(serve, browser, else
     tid(browser, "api-key").send_keys("cross-origin-key")
     tid(browser, "api-key").send_keys(Keys.TAB)
     _wait(browser, lambda d: tid(d, "status").get_attribute("data-state") == "ok", "clm-serve's status across origins")
-    _wait(browser, lambda d: len(Select(tid(d, "model")).options) == 5, "the model list across origins")
-    assert [o.get_attribute("value") for o in Select(tid(browser, "model")).options] == [
-        "", "clm-latest", "clm", "triage", "clm-raw"]  # clm-serve's names (OpenAI cards, aliases included)
+    served = served_models(serve)  # clm-serve's names (OpenAI cards, aliases included)
+    _wait(browser, lambda d: len(Select(tid(d, "model")).options) == 1 + len(served), "the model list across origins")
+    assert [o.get_attribute("value") for o in Select(tid(browser, "model")).options] == ["", *served]
     assert Select(tid(browser, "model")).first_selected_option.get_attribute("value") == "clm-latest"
     assert text_of(browser, "view-curl").startswith(f"curl -sS '{serve.url}/v1/systemone'")
     send_and_wait(browser)
     assert len(tids(browser, "answer")) == 3, tid(browser, "error").text
     assert "heads v0001" in tid(browser, "meta").text  # an exposed header (Access-Control-Expose-Headers)
     assert [entry for entry in severe(browser) if "CORS" in entry["message"]] == []
+
+
+# ───────────────────────────── the three dialects ─────────────────────────────
+
+def _python_call(python: str, callee: str) -> ast.Call:
+    return next(node for node in ast.walk(ast.parse(python)) if isinstance(node, ast.Call)
+                and ast.unparse(node.func) == callee)
+
+
+def test_picking_a_dialect_changes_the_request_and_the_code(serve, browser):
+    open_page(browser, serve.url + "/")
+    state = json.loads(tid(browser, "state").get_attribute("value"))  # the example: a JSON state
+    instructions = tid(browser, "instructions").get_attribute("value")
+    # the text the model reads of state + instructions: what the dialects without either are sent
+    read = join_state(render_state(state), instructions)
+    temperature = browser.find_element(By.ID, "temperature-field")
+
+    # vLLM's /v1/systemone, the default: the form as it is
+    assert browser.execute_script("return document.body.dataset.dialect") == "systemone"
+    assert tid(browser, "route").text == "POST /v1/systemone"
+    assert "is-current" in tid(browser, "differences-systemone").get_attribute("class")
+    assert not temperature.is_displayed() and not tid(browser, "dialect-notes").is_displayed()
+    systemone = json.loads(text_of(browser, "view-json"))
+    assert systemone["state"] == state and systemone["instructions"] == instructions
+    assert "httpx.post(" in text_of(browser, "view-python")
+
+    # upstream contrastive-lm: the same route, CLMClient's body (no instructions: they end the state)
+    pick_dialect(browser, "upstream")
+    body = json.loads(text_of(browser, "view-json"))
+    assert list(body) == ["state", "model", "questions"] and body["state"] == read
+    assert body["model"] == "clm-latest" and body["questions"] == systemone["questions"]
+    assert text_of(browser, "view-curl").startswith(f"curl -sS '{serve.url}/v1/systemone'")
+    python = text_of(browser, "view-python")
+    assert python.startswith("from clm import CLMClient, Choice, Noul, Score\n")
+    assert f'CLMClient(base_url="{serve.url}")' in python and "client.system_one(" in python
+    call = _python_call(python, "client.system_one")
+    assert ast.literal_eval(next(k.value for k in call.keywords if k.arg == "state")) == read
+    # each question is upstream's class with the body's fields as its arguments
+    questions = next(k.value for k in call.keywords if k.arg == "questions")
+    assert [ast.literal_eval(key) for key in questions.keys] == list(body["questions"])
+    assert [ast.unparse(q.func) for q in questions.values] == ["Choice", "Noul", "Score"]
+    assert [{"type": spec["type"], **{k.arg: ast.literal_eval(k.value) for k in q.keywords}}
+            for q, spec in zip(questions.values, body["questions"].values())] == list(body["questions"].values())
+    assert any("appended to the state" in note for note in notes(browser))
+    assert "is-current" in tid(browser, "differences-upstream").get_attribute("class")
+    assert "is-current" not in tid(browser, "differences-systemone").get_attribute("class")
+    # upstream's temperature: a field of this dialect only, sent when given
+    assert temperature.is_displayed()
+    tid(browser, "temperature").send_keys("0.5")
+    _wait(browser, lambda d: json.loads(text_of(d, "view-json")).get("temperature") == 0.5, "the temperature")
+    assert "    temperature=0.5,\n" in text_of(browser, "view-python")
+
+    # OpenAI's decisions: another route, questions a list, predicate for noul, the input text
+    pick_dialect(browser, "decisions")
+    body = json.loads(text_of(browser, "view-json"))
+    assert list(body) == ["model", "input", "questions"] and body["input"] == read
+    assert [(q["type"], q["name"]) for q in body["questions"]] == [
+        ("choice", "disposition"), ("predicate", "escalate"), ("score", "severity")]
+    assert body["questions"][0]["choices"] == [
+        {"value": name, "description": description}
+        for name, description in systemone["questions"]["disposition"]["criteria"].items()]
+    assert body["questions"][1] == {"type": "predicate", "name": "escalate", "instructions": "Escalate to tier 2?"}
+    assert body["questions"][2]["levels"] == [{"label": level} for level in ("none", "low", "medium", "high", "critical")]
+    assert text_of(browser, "view-curl").startswith(f"curl -sS '{serve.url}/v1/decisions'")
+    python = text_of(browser, "view-python")
+    assert "from openai import OpenAI" in python and f'OpenAI(base_url="{serve.url}/v1"' in python
+    call = _python_call(python, "client.decisions.create")
+    assert {k.arg: ast.literal_eval(k.value) for k in call.keywords} == body  # copy-paste: the same request
+    shown = notes(browser)
+    assert any("predicate has no true/false descriptions" in note and "escalate" in note for note in shown), shown
+    assert any("Temperature is contrastive-lm's" in note for note in shown), shown  # kept, not sent
+    assert not temperature.is_displayed()
+    assert "is-current" in tid(browser, "differences-decisions").get_attribute("class")
+    differences = text_of(browser, "differences")
+    for words in ("questions a list", "predicate", "typed values", "no temperature", "diagnostics", "clm-raw"):
+        assert words in differences, words
+
+    # the choice is kept with the form: a reload opens in the same dialect
+    browser.refresh()
+    _wait(browser, lambda d: d.execute_script("return document.body.dataset.ready === 'true'"), "the page again")
+    assert tid(browser, "dialect-decisions").is_selected() and tid(browser, "route").text == "POST /v1/decisions"
+    assert severe(browser) == []
+
+
+def test_each_dialects_code_runs_as_shown(serve, browser):
+    """The curl command and the Python of every dialect, pasted into a shell and a Python process, get
+    their answers: httpx for vLLM's, upstream's own CLMClient (its wheel, never our clm), the openai SDK."""
+    open_page(browser, serve.url + "/")
+    for dialect in DIALECTS:
+        pick_dialect(browser, dialect)
+        if shutil.which("curl"):
+            ran = subprocess.run(["bash", "-c", text_of(browser, "view-curl")], capture_output=True, text=True,
+                                 timeout=60)
+            assert ran.returncode == 0, ran.stderr
+            answered = json.loads(ran.stdout)["answers"]
+            names = [a["name"] for a in answered] if dialect == "decisions" else list(answered)
+            assert names == ["disposition", "escalate", "severity"], ran.stdout
+        python = text_of(browser, "view-python")
+        if dialect == "upstream":  # its import name is clm, like ours: the guard checks which one ran
+            out = run_python(upstream_guard() + python, upstream_env())
+            assert "ChoiceAnswer(choice=" in out and "NoulAnswer(noul=" in out and "ScoreAnswer(score=" in out
+        else:
+            out = run_python(python)
+        printed = [line.split(" ", 1)[0] for line in out.splitlines()]
+        assert printed == ["disposition", "escalate", "severity"], out
+
+
+def test_each_dialect_answers_the_same_form_with_the_same_probabilities(serve, browser, tmp_path):
+    open_page(browser, serve.url + "/")
+    # a JSON state whose prose rendering (the decisions' input text) has numbers Python spells otherwise
+    # (9.8e3 is 9800.0, 0.750 is 0.75), nesting and an integer-like key to get right, else the model
+    # reads another text in that dialect
+    state = '{"rule": "impossible travel", "risk": 0.750, "geo": {"km": 9.8e3, "countries": ["DE", "BR"]}, "2": true}'
+    replace_text(tid(browser, "state"), state)
+    # the one part of the example a predicate cannot carry: the noul's true/false descriptions
+    for field in ("truth-true", "truth-false"):
+        replace_text(tid(browser, field), "")
+    _wait(browser, lambda d: "criteria" not in json.loads(text_of(d, "view-json"))["questions"]["escalate"],
+          "a noul without descriptions")
+
+    shown = {}
+    for dialect in DIALECTS:
+        pick_dialect(browser, dialect)
+        assert not any("predicate" in note for note in notes(browser))  # nothing is left out
+        if dialect == "decisions":  # the input is the text clm-serve renders from the state, byte for byte
+            assert json.loads(text_of(browser, "view-json"))["input"] == join_state(
+                render_state(json.loads(state)), tid(browser, "instructions").get_attribute("value"))
+        send_and_wait(browser)
+        assert not tid(browser, "error").is_displayed(), tid(browser, "error").text
+        shown[dialect] = answers(browser)
+        assert list(shown[dialect]) == ["disposition", "escalate", "severity"]
+        assert tid(browser, "meta").text.startswith("200 OK · " + {"systemone": "vLLM", "upstream": "contrastive-lm",
+                                                                   "decisions": "OpenAI"}[dialect])
+        response = json.loads(text_of(browser, "view-response"))
+        if dialect == "decisions":  # OpenAI's shape: a list of answers in question order, named
+            assert [(a["type"], a["name"]) for a in response["answers"]] == [
+                ("choice", "disposition"), ("predicate", "escalate"), ("score", "severity")]
+            assert "diagnostics" not in response
+        else:  # vLLM's shape, which upstream's client reads too
+            assert response["object"] == "structured_decision" and list(response["diagnostics"]) == list(shown[dialect])
+        browser.save_screenshot(str(tmp_path / f"playground-{dialect}.png"))
+        assert (tmp_path / f"playground-{dialect}.png").stat().st_size > 10_000
+
+    assert [a["type"] for a in shown["decisions"].values()] == ["choice", "predicate", "score"]
+    assert [a["type"] for a in shown["upstream"].values()] == ["choice", "noul", "score"]
+    reference = shown["systemone"]
+    for dialect in ("upstream", "decisions"):
+        for qid, answer in shown[dialect].items():
+            assert [bar["label"] for bar in answer["bars"]] == [bar["label"] for bar in reference[qid]["bars"]]
+            assert [bar["prob"] for bar in answer["bars"]] == pytest.approx(
+                [bar["prob"] for bar in reference[qid]["bars"]], abs=1e-6), (dialect, qid)
+            assert answer["top"] == reference[qid]["top"]
+
+    # upstream's temperature reaches the server: 4 flattens every distribution
+    pick_dialect(browser, "upstream")
+    tid(browser, "temperature").send_keys("4")
+    _wait(browser, lambda d: json.loads(text_of(d, "view-json")).get("temperature") == 4, "the temperature")
+    send_and_wait(browser)
+    flat = answers(browser)
+    for qid, answer in flat.items():
+        assert max(bar["prob"] for bar in answer["bars"]) < max(bar["prob"] for bar in reference[qid]["bars"]), qid
+    assert severe(browser) == []
+
+
+def test_decisions_without_a_model_is_not_sent(serve, browser):
+    """OpenAI's decisions require a model (the others fall back to the server's or CLMClient's default)."""
+    open_page(browser, serve.url + "/")
+    pick_dialect(browser, "decisions")
+    Select(tid(browser, "model")).select_by_value("")
+    _wait(browser, lambda d: text_of(d, "view-json").startswith("// Not sendable: OpenAI’s decisions need a model"),
+          "the missing model flagged")
+    tid(browser, "send").click()
+    _wait(browser, lambda d: tid(d, "error").is_displayed(), "the client-side error")
+    assert tid(browser, "error-title").text == "Not sent"
+    pick_dialect(browser, "upstream")  # CLMClient sends its default model: the JSON says which
+    assert json.loads(text_of(browser, "view-json"))["model"] == "clm-latest"
+    assert any("CLMClient sends clm-latest" in note for note in notes(browser))
+    assert "model=" not in text_of(browser, "view-python")
 
 
 # ───────────────────────────── HTTP ─────────────────────────────

@@ -1,9 +1,16 @@
-"""The playground: a web page at ``/`` that builds ``POST /v1/systemone`` requests and shows their answers.
+"""The playground: a web page at ``/`` that asks one form of questions in the API dialect a user picks.
 
 Like the playground of upstream's clm-serve (contrastive-lm), with a page of our own: a state (text or
 JSON), typed questions (choice, noul, score), the model picker (``GET /v1/models``), the answers'
 probabilities as bars, vLLM's error bodies shown as they are, and the request as JSON, curl and
 Python, kept in step with the form. An optional API key is sent as ``Authorization: Bearer``.
+
+The form is written once and sent in one of the three dialects this server speaks: vLLM's
+``POST /v1/systemone`` (Python: httpx), upstream contrastive-lm's (the same route, as its ``CLMClient``
+sends it: no context instructions, a temperature) and OpenAI's ``POST /v1/decisions`` (questions a list,
+``predicate`` for noul, the input text; Python: the openai SDK). Each translation keeps the texts the
+model reads, so the same form gets the same probabilities in all three; what a dialect cannot carry is
+listed on the page, as is a short panel of the dialects' differences.
 
 The page is package data (``clm_serve/playground/``): one HTML file, one script, one stylesheet, no
 build step and nothing fetched from elsewhere (the page's Content-Security-Policy allows only this

@@ -1,12 +1,18 @@
-/* clm-serve playground: a form for POST /v1/systemone and a view of its answers.
+/* clm-serve playground: one form of questions, sent in the API dialect the user picks, and a view of the answers.
  *
  * Talks to the server that served this page (or the one named in "Server", which must then allow this
  * page's origin: CLM_SERVE_CORS_ORIGINS):
  *   GET  /health         the status pill
  *   GET  /v1/models      the model picker (OpenAI's {"data": [{"id"}]} or upstream's {"models": [{"name"}]})
  *   GET  /v1/heads       which heads version is serving (the status pill's tooltip)
- *   POST /v1/systemone   the request this page builds
+ *   POST /v1/systemone   the request of the "vLLM" and "contrastive-lm" dialects
+ *   POST /v1/decisions   the request of the "OpenAI" dialect
  * Every call carries "Authorization: Bearer <key>" when an API key is entered.
+ *
+ * The form is one (a state, context instructions, typed questions); each dialect translates it into its
+ * own request, such that the model reads the same texts in all three: what a dialect cannot say is moved
+ * where clm-serve would put it (instructions appended to the state) or, when it has no equivalent (a
+ * predicate's true/false descriptions), left out and listed in the dialect's notes above the form.
  *
  * Plain ES2020: no build step, no network imports, no inline script or style (the page's CSP allows none).
  */
@@ -16,7 +22,7 @@
   const $ = (selector, root = document) => root.querySelector(selector);
   const $$ = (selector, root = document) => [...root.querySelectorAll(selector)];
 
-  const STORE_FORM = 'clm-serve.playground.form.v1';
+  const STORE_FORM = 'clm-serve.playground.form.v1';   // v1 still: dialect and temperature are optional fields
   const STORE_BASE = 'clm-serve.playground.base-url';
   const STORE_KEY = 'clm-serve.playground.api-key';   // sessionStorage: the key is forgotten with the tab
 
@@ -50,11 +56,28 @@
     score: 'What is rated, e.g. “How severe is it?”',
   };
 
+  /* ───────────── the three API dialects ───────────── */
+
+  const DIALECTS = {
+    systemone: { path: 'v1/systemone', label: 'vLLM', python: 'httpx' },
+    upstream: { path: 'v1/systemone', label: 'contrastive-lm', python: 'CLMClient' },
+    decisions: { path: 'v1/decisions', label: 'OpenAI', python: 'openai' },
+  };
+  const DEFAULT_DIALECT = 'systemone';
+  const UPSTREAM_DEFAULT_MODEL = 'clm-latest';   // what upstream's CLMClient sends when no model is given
+  // A question's type as each dialect names it (OpenAI's decisions call a yes/no question a predicate).
+  const TYPE_NAMES = {
+    systemone: { choice: 'choice', noul: 'noul', score: 'score' },
+    upstream: { choice: 'choice', noul: 'noul', score: 'score' },
+    decisions: { choice: 'choice', noul: 'predicate', score: 'score' },
+  };
+  const CANONICAL_TYPE = { choice: 'choice', noul: 'noul', predicate: 'noul', score: 'score' };
+
   /* ───────────── form state ───────────── */
 
   let uidSeq = 0;
   let form = null;
-  let lastSent = null;       // the request of the answers on screen: {body, questions}
+  let lastSent = null;       // the request of the answers on screen: {body, path, dialect, questions}
   let inFlight = false;
 
   function newQuestion(type, seed = {}) {
@@ -89,6 +112,8 @@
     const d = data && typeof data === 'object' ? data : EXAMPLE;
     const types = new Set(['choice', 'noul', 'score']);
     return {
+      dialect: Object.prototype.hasOwnProperty.call(DIALECTS, d.dialect) ? d.dialect : DEFAULT_DIALECT,
+      temperature: typeof d.temperature === 'string' ? d.temperature : '',
       stateFormat: d.stateFormat === 'text' ? 'text' : 'json',
       state: typeof d.state === 'string' ? d.state : '',
       instructions: typeof d.instructions === 'string' ? d.instructions : '',
@@ -99,8 +124,10 @@
     };
   }
 
+  /** The example's state and questions; the connection-like choices (model, dialect, temperature) stay. */
   function exampleForm() {
-    return formFrom({ ...EXAMPLE, model: form ? form.model : '' });
+    return formFrom({ ...EXAMPLE, model: form ? form.model : '', dialect: form ? form.dialect : DEFAULT_DIALECT,
+                      temperature: form ? form.temperature : '' });
   }
 
   function save() {
@@ -204,54 +231,209 @@
     return '[' + v.map(compactJson).join(',') + ']';
   }
 
-  /* ───────────── the request ───────────── */
+  /* ───────────── the state as the model reads it ─────────────
+   * clm-serve renders a JSON state as prose (clm.texts.to_text, upstream's: `key: value` fields in the
+   * caller's order, top-level ones a blank line apart, nested ones indented; an array one `- item` line
+   * per element) and places the context instructions after it, a blank line apart. A dialect without a
+   * JSON state (OpenAI's input is text) or without context instructions (upstream's) is sent that very
+   * text, so the model reads the same thing whichever dialect asks. */
 
-  /** -> {body: Map, problems: [string]}: problems are what cannot be written as a request at all
-   * (the server never sees them); everything else is sent and the server's answer shown. */
-  function buildRequest() {
-    const problems = [];
-    const body = new Map();
-    if (form.model) body.set('model', form.model);
-    if (form.stateFormat === 'json') {
-      try {
-        JSON.parse(form.state);
-        body.set('state', parseOrdered(form.state));
-      } catch (e) {
-        problems.push(`State is not valid JSON (${e.message}). Fix it, or switch the state to Text.`);
-        body.set('state', form.state);
-      }
-    } else {
-      body.set('state', form.state);
+  const PARAGRAPH = '\n\n';
+
+  /** Python's str() of the number json.loads reads from `raw`: ints as written, floats as repr(). */
+  function pyNumber(raw) {
+    if (!/[.eE]/.test(raw)) return BigInt(raw).toString();      // a JSON int is a Python int: "-0" is "0"
+    const x = Number(raw);
+    if (!Number.isFinite(x)) return x > 0 ? 'inf' : '-inf';      // json.loads reads 1e999 as inf
+    if (x === 0) return Object.is(x, -0) ? '-0.0' : '0.0';
+    // toExponential() without digits: the shortest digits that read back as x, like Python's repr
+    const [mantissa, exponent] = x.toExponential().split('e');
+    const exp = Number(exponent);
+    const digits = mantissa.replace('-', '').replace('.', '');
+    const sign = x < 0 ? '-' : '';
+    if (exp < -4 || exp >= 16) {                                  // repr switches to exponent notation
+      const m = digits.length > 1 ? `${digits[0]}.${digits.slice(1)}` : digits;
+      return `${sign}${m}e${exp < 0 ? '-' : '+'}${String(Math.abs(exp)).padStart(2, '0')}`;
     }
-    if (form.instructions.trim()) body.set('instructions', form.instructions);
-    const questions = new Map();
-    for (const q of form.questions) {
-      if (questions.has(q.id)) problems.push(`Two questions have the id “${q.id}”: each needs its own.`);
-      questions.set(q.id, questionBody(q, problems));
-    }
-    body.set('questions', questions);
-    return { body, problems };
+    if (exp < 0) return `${sign}0.${'0'.repeat(-exp - 1)}${digits}`;
+    return `${sign}${digits.slice(0, exp + 1).padEnd(exp + 1, '0')}.${digits.slice(exp + 1) || '0'}`;
   }
 
-  function questionBody(q, problems) {
+  const nonEmptyContainer = (v) => (v instanceof Map ? v.size > 0 : Array.isArray(v) && v.length > 0);
+
+  /** clm.texts.to_text of a parsed (ordered) JSON value. */
+  function toText(v, indent = 0) {
+    if (v === null || v === undefined) return '';
+    if (typeof v === 'string') return v;
+    if (v === true) return 'true';
+    if (v === false) return 'false';
+    if (v instanceof Num) return pyNumber(v.raw);
+    const pad = ' '.repeat(indent);
+    if (v instanceof Map) {
+      return [...v.entries()].map(([k, c]) => (nonEmptyContainer(c) ? `${pad}${k}:\n${toText(c, indent + 2)}`
+        : `${pad}${k}: ${toText(c)}`)).join(indent === 0 ? PARAGRAPH : '\n');
+    }
+    if (Array.isArray(v)) {
+      return v.map((c) => (nonEmptyContainer(c) ? `${pad}-\n${toText(c, indent + 2)}` : `${pad}- ${toText(c)}`)).join('\n');
+    }
+    return JSON.stringify(v);
+  }
+
+  /** The state followed by the context instructions, as clm-serve joins them (blank parts left out). */
+  function stateWithInstructions(state, instructions) {
+    const parts = [toText(state).trim(), instructions.trim()].filter(Boolean);
+    return parts.join(PARAGRAPH);
+  }
+
+  /* ───────────── the request ───────────── */
+
+  /** The form's state as sent: parsed (key order and number spelling kept) when JSON. */
+  function formState(problems) {
+    if (form.stateFormat !== 'json') return { value: form.state, json: false };
+    try {
+      JSON.parse(form.state);
+      return { value: parseOrdered(form.state), json: true };
+    } catch (e) {
+      problems.push(`State is not valid JSON (${e.message}). Fix it, or switch the state to Text.`);
+      return { value: form.state, json: false };
+    }
+  }
+
+  /** The form's temperature (upstream's field): null when blank. */
+  function formTemperature(problems) {
+    const text = form.temperature.trim();
+    if (!text) return null;
+    const value = Number(text);
+    if (!Number.isFinite(value) || !/^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$/.test(text)) {
+      problems.push(`Temperature “${text}” is not a number.`);
+      return null;
+    }
+    return new Num(String(value));
+  }
+
+  /** -> {body: Map, problems: [string], notes: [string], path}: problems are what cannot be written as a
+   * request at all (the server never sees them); notes say what this dialect does with the form that the
+   * form does not show (moved or left out). Everything else is sent and the server's answer shown. */
+  function buildRequest(dialect = form.dialect) {
+    const problems = [];
+    const notes = [];
+    const seen = new Set();
+    for (const q of form.questions) {
+      if (seen.has(q.id)) problems.push(`Two questions have the id “${q.id}”: each needs its own.`);
+      seen.add(q.id);
+    }
+    const state = formState(problems);
+    const temperature = formTemperature(problems);
+    const instructions = form.instructions.trim() ? form.instructions : '';
+    let body;
+    if (dialect === 'decisions') {
+      body = decisionsRequest(state, instructions, problems, notes);
+    } else if (dialect === 'upstream') {
+      body = upstreamRequest(state, instructions, temperature, problems, notes);
+    } else {
+      body = new Map();
+      if (form.model) body.set('model', form.model);
+      body.set('state', state.value);
+      if (instructions) body.set('instructions', instructions);
+      const questions = new Map();
+      for (const q of form.questions) questions.set(q.id, systemoneQuestion(q, problems));
+      body.set('questions', questions);
+    }
+    if (temperature !== null && dialect !== 'upstream') {
+      notes.push(`Temperature is contrastive-lm's: ${DIALECTS[dialect].label} has none, so it is not sent.`);
+    }
+    return { body, problems, notes, path: DIALECTS[dialect].path };
+  }
+
+  /** vLLM's /v1/systemone question, which upstream shares: {type, instructions, criteria}. */
+  function systemoneQuestion(q, problems) {
     const spec = new Map([['type', q.type]]);
     if (q.instructions) spec.set('instructions', q.instructions);
     if (q.type === 'choice') {
-      const criteria = new Map();
-      for (const o of q.options) {
-        if (!o.name && !o.description) continue;                 // a blank row asks nothing
-        if (criteria.has(o.name)) problems.push(`Question “${q.id}” has two options named “${o.name}”.`);
-        criteria.set(o.name, o.description ? o.description : null);
-      }
-      spec.set('criteria', criteria);
+      spec.set('criteria', choiceCriteria(q, problems));
     } else if (q.type === 'noul') {
-      const criteria = new Map();
-      for (const k of ['true', 'false']) if (q.truths[k]) criteria.set(k, q.truths[k]);
+      const criteria = noulCriteria(q);
       if (criteria.size) spec.set('criteria', criteria);
     } else {
-      spec.set('criteria', q.levels.filter((level) => level !== ''));
+      spec.set('criteria', scoreLevels(q));
     }
     return spec;
+  }
+
+  function choiceCriteria(q, problems) {
+    const criteria = new Map();
+    for (const o of q.options) {
+      if (!o.name && !o.description) continue;                 // a blank row asks nothing
+      if (criteria.has(o.name)) problems.push(`Question “${q.id}” has two options named “${o.name}”.`);
+      criteria.set(o.name, o.description ? o.description : null);
+    }
+    return criteria;
+  }
+
+  function noulCriteria(q) {
+    const criteria = new Map();
+    for (const k of ['true', 'false']) if (q.truths[k]) criteria.set(k, q.truths[k]);
+    return criteria;
+  }
+
+  const scoreLevels = (q) => q.levels.filter((level) => level !== '');
+
+  /** Upstream contrastive-lm's request, as its CLMClient.system_one writes it: {state, model, questions[,
+   * temperature]}, every question with its instructions. It has no context instructions (its server
+   * ignores the field), so they go at the end of the state, where clm-serve places them. */
+  function upstreamRequest(state, instructions, temperature, problems, notes) {
+    const body = new Map();
+    if (instructions) {
+      body.set('state', stateWithInstructions(state.value, instructions));
+      notes.push('Instructions: contrastive-lm has none, so they are appended to the state, '
+        + (state.json ? 'which is then sent as the text the model reads from the JSON.' : 'where clm-serve puts them.'));
+    } else {
+      body.set('state', state.value);
+    }
+    body.set('model', form.model || UPSTREAM_DEFAULT_MODEL);
+    if (!form.model) notes.push(`Model: CLMClient sends ${UPSTREAM_DEFAULT_MODEL} when none is given.`);
+    const questions = new Map();
+    for (const q of form.questions) {
+      const spec = new Map([['type', q.type], ['instructions', q.instructions]]);
+      if (q.type === 'choice') spec.set('criteria', choiceCriteria(q, problems));
+      else if (q.type === 'noul') { const c = noulCriteria(q); if (c.size) spec.set('criteria', c); }
+      else spec.set('criteria', scoreLevels(q));
+      questions.set(q.id, spec);
+    }
+    body.set('questions', questions);
+    if (temperature !== null) body.set('temperature', temperature);
+    return body;
+  }
+
+  /** OpenAI's /v1/decisions request: {model, input, questions: [...]}, the questions a list in the form's
+   * order, each named by its id. The input is text: the state as the model reads it, instructions after. */
+  function decisionsRequest(state, instructions, problems, notes) {
+    const body = new Map();
+    if (form.model) body.set('model', form.model);
+    else problems.push('OpenAI’s decisions need a model: pick one.');
+    const input = state.json || instructions ? stateWithInstructions(state.value, instructions) : state.value;
+    body.set('input', input);
+    if (state.json) notes.push('State: input is text, so the JSON state is sent as the text the model reads from it.');
+    if (instructions) notes.push('Instructions: decisions have none, so they are appended to the input, where clm-serve puts them.');
+    const questions = [];
+    form.questions.forEach((q, index) => {
+      const spec = new Map([['type', TYPE_NAMES.decisions[q.type]]]);
+      if (q.id) spec.set('name', q.id);
+      else notes.push(`Question ${index + 1} has no id: its answer is known by its place in the list.`);
+      spec.set('instructions', q.instructions);                // required by OpenAI's schema, even blank
+      if (q.type === 'choice') {
+        spec.set('choices', [...choiceCriteria(q, problems)].map(([value, description]) => (
+          description === null ? new Map([['value', value]]) : new Map([['value', value], ['description', description]]))));
+      } else if (q.type === 'score') {
+        spec.set('levels', scoreLevels(q).map((label) => new Map([['label', label]])));
+      } else if (q.truths.true || q.truths.false) {
+        notes.push(`“${q.id || index + 1}”: a predicate has no true/false descriptions, so they are not sent `
+          + '(the answers then differ from the other dialects’).');
+      }
+      questions.push(spec);
+    });
+    body.set('questions', questions);
+    return body;
   }
 
   /* ───────────── connection ───────────── */
@@ -487,6 +669,7 @@
     $(`#state-format-${form.stateFormat}`).checked = true;
     $('#instructions').value = form.instructions;
     $('#model').value = form.model;
+    paintDialect();
     renderQuestions();
     changed();
   }
@@ -511,10 +694,83 @@
 
   const shellQuote = (s) => `'${s.replace(/'/g, `'\\''`)}'`;
 
+  /** A Python call, on one line when it fits, else one keyword argument per line (values pretty-printed). */
+  function pyCall(callee, args, level = 0, unit = '    ', width = 76) {
+    const flat = `${callee}(${args.map(([k, v]) => `${k}=${oneLine(v, scalarPython)}`).join(', ')})`;
+    if (flat.length + level * unit.length <= width) return flat;
+    const pad = unit.repeat(level + 1);
+    return `${callee}(\n${args.map(([k, v]) => `${pad}${k}=${pretty(v, scalarPython, unit, level + 1, width)},`).join('\n')}`
+      + `\n${unit.repeat(level)})`;
+  }
+
+  const PY_KEY = "os.environ['CLM_API_KEY']";   // single quotes: it also goes inside an f"..." string
+
+  function pythonHttpx(url, body) {
+    return [
+      ...(apiKey() ? ['import os', ''] : []),
+      'import httpx  # or requests: the same call, requests.post(...)',
+      '',
+      'response = httpx.post(',
+      `    ${JSON.stringify(url)},`,
+      ...(apiKey() ? [`    headers={"Authorization": f"Bearer {${PY_KEY}}"},`] : []),
+      `    json=${pretty(body, scalarPython, '    ').replace(/\n/g, '\n    ')},`,
+      '    timeout=30.0,',
+      ')',
+      'response.raise_for_status()',
+      'for question_id, answer in response.json()["answers"].items():',
+      '    print(question_id, answer)',
+    ];
+  }
+
+  /** Upstream's client: `from clm import CLMClient` (contrastive-lm 0.1.0, clm/client.py). It reads the
+   * key from CLM_API_KEY itself and posts {state, model, questions[, temperature]} to /v1/systemone. */
+  function pythonUpstream(body) {
+    const CLASSES = { choice: 'Choice', noul: 'Noul', score: 'Score' };
+    const used = [...new Set(form.questions.map((q) => CLASSES[q.type]))];
+    const questions = [...body.get('questions')].map(([id, spec]) => {
+      const args = [['instructions', spec.get('instructions')]];
+      if (spec.has('criteria')) args.push(['criteria', spec.get('criteria')]);
+      return `        ${JSON.stringify(id)}: ${pyCall(CLASSES[spec.get('type')], args, 2)},`;
+    });
+    const call = [`    state=${pretty(body.get('state'), scalarPython, '    ', 1)},`,
+                  '    questions={', ...questions, '    },'];
+    if (form.model) call.push(`    model=${scalarPython(body.get('model'))},`);
+    if (body.has('temperature')) call.push(`    temperature=${scalarPython(body.get('temperature'))},`);
+    const base = baseUrl() || new URL('.', document.baseURI).href.replace(/\/+$/, '');
+    return [
+      `from clm import CLMClient, ${used.join(', ')}`.replace(/, $/, ''),
+      '',
+      `client = CLMClient(base_url=${JSON.stringify(base)})  # its API key: CLM_API_KEY${apiKey() ? '' : ' (if any)'}`,
+      'response = client.system_one(',
+      ...call,
+      ')',
+      'for question_id, answer in response.answers.items():',
+      '    print(question_id, answer)',
+    ];
+  }
+
+  /** OpenAI's SDK (openai-python's client.decisions.create), pointed at this server's /v1. */
+  function pythonDecisions(body) {
+    const key = apiKey() ? PY_KEY : '"none"';
+    return [
+      ...(apiKey() ? ['import os', ''] : []),
+      'from openai import OpenAI',
+      '',
+      `client = OpenAI(base_url=${JSON.stringify(apiUrl('v1'))}, api_key=${key})`
+        + (apiKey() ? '' : '  # the SDK needs a key; this server asks for none'),
+      'decision = client.decisions.create(',
+      ...[...body].map(([k, v]) => `    ${k}=${pretty(v, scalarPython, '    ', 1)},`),
+      ')',
+      'for answer in decision.answers:  # in question order',
+      '    print(answer.name, answer)',
+    ];
+  }
+
   function renderCode() {
-    const { body, problems } = buildRequest();
+    const dialect = form.dialect;
+    const { body, problems, notes, path } = buildRequest(dialect);
     const warn = problems.map((p) => `Not sendable: ${p}`);
-    const url = apiUrl('v1/systemone');
+    const url = apiUrl(path);
     const json = pretty(body, scalarJson);
     $('#view-json').textContent = [...warn.map((w) => `// ${w}`), json].join('\n');
 
@@ -523,22 +779,30 @@
     curl.push(`-d ${shellQuote(json)}`);
     $('#view-curl').textContent = [...warn.map((w) => `# ${w}`), curl.join(' \\\n  ')].join('\n');
 
-    const python = [
-      ...warn.map((w) => `# ${w}`),
-      ...(apiKey() ? ['import os', ''] : []),
-      'import httpx  # or requests: the same call, requests.post(...)',
-      '',
-      'response = httpx.post(',
-      `    ${JSON.stringify(url)},`,
-      ...(apiKey() ? ['    headers={"Authorization": f"Bearer {os.environ[\'CLM_API_KEY\']}"},'] : []),
-      `    json=${pretty(body, scalarPython, '    ').replace(/\n/g, '\n    ')},`,
-      '    timeout=30.0,',
-      ')',
-      'response.raise_for_status()',
-      'for question_id, answer in response.json()["answers"].items():',
-      '    print(question_id, answer)',
-    ];
-    $('#view-python').textContent = python.join('\n');
+    const python = dialect === 'decisions' ? pythonDecisions(body)
+      : dialect === 'upstream' ? pythonUpstream(body) : pythonHttpx(url, body);
+    $('#view-python').textContent = [...warn.map((w) => `# ${w}`), ...python].join('\n');
+    $('#tab-python').title = `Python: ${{ httpx: 'httpx (or requests)', CLMClient: 'contrastive-lm’s CLMClient',
+                                         openai: 'the openai SDK' }[DIALECTS[dialect].python]}`;
+
+    $('#route').textContent = `POST /${path}`;
+    const list = $('#dialect-notes');
+    list.replaceChildren(...notes.map((note) => el('li', { 'data-testid': 'dialect-note', text: note })));
+    list.hidden = !notes.length;
+  }
+
+  /** The dialect picker, the fields only one dialect has, and the differences panel follow form.dialect. */
+  function paintDialect() {
+    const radio = $(`#dialect-${form.dialect}`);
+    if (radio) radio.checked = true;
+    document.body.dataset.dialect = form.dialect;
+    $('#temperature-field').hidden = form.dialect !== 'upstream';
+    $('#temperature').value = form.temperature;
+    for (const block of $$('[data-dialect-info]')) {
+      const on = block.dataset.dialectInfo === form.dialect;
+      block.classList.toggle('is-current', on);
+      if (on) block.setAttribute('aria-current', 'true'); else block.removeAttribute('aria-current');
+    }
   }
 
   function showTab(name, focus) {
@@ -576,12 +840,12 @@
 
   async function send() {
     if (inFlight) return;
-    const { body, problems } = buildRequest();
+    const { body, problems, path } = buildRequest();
     if (problems.length) {
       showError({ title: 'Not sent', message: problems.join(' '), hint: 'Nothing left this page: the form cannot be written as a request yet.' });
       return;
     }
-    const sent = { body, questions: form.questions.map((q) => ({ ...q, options: q.options.map((o) => ({ ...o })),
+    const sent = { body, path, dialect: form.dialect, questions: form.questions.map((q) => ({ ...q, options: q.options.map((o) => ({ ...o })),
                                                                  truths: { ...q.truths }, levels: [...q.levels] })) };
     inFlight = true;
     const button = $('#send');
@@ -592,11 +856,11 @@
     try {
       let result;
       try {
-        result = await call('POST', 'v1/systemone', compactJson(body));
+        result = await call('POST', path, compactJson(body));
       } catch (e) {
         showError({
           title: 'Could not reach the server',
-          message: `${apiUrl('v1/systemone')}: ${e.message}`,
+          message: `${apiUrl(path)}: ${e.message}`,
           hint: baseUrl() ? 'Another server must allow this page\'s origin: start it with CLM_SERVE_CORS_ORIGINS='
             + `${location.origin} (or *).` : 'Is clm-serve still running?',
         });
@@ -612,7 +876,9 @@
             : typeof detail === 'string' ? detail : detail ? JSON.stringify(detail) : (result.text || 'no body'),
           param: error && error.param,
           hint: result.response.status === 401 || result.response.status === 403
-            ? 'This server wants an API key: enter it in “API key” at the top.' : '',
+            ? 'This server wants an API key: enter it in “API key” at the top.'
+            : result.response.status === 404 && path !== 'v1/systemone'
+              ? `This server has no /${path}: pick another API above.` : '',
           status: result.response.status,
           ms: result.ms,
         });
@@ -647,30 +913,72 @@
     $('#empty').hidden = true;
     $('#error').hidden = true;
     const version = result.response.headers.get('X-CLM-Heads-Version');
-    const meta = [`${result.response.status} OK`, `${Math.round(result.ms)} ms`];
+    // which dialect asked: the answers stay on screen when the picker moves on
+    const meta = [`${result.response.status} OK`, DIALECTS[sent.dialect].label, `${Math.round(result.ms)} ms`];
     if (data.model) meta.push(`model ${data.model}`);
     if (version) meta.push(`heads ${version}`);
-    if (data.usage && data.usage.input_tokens !== undefined) meta.push(`${data.usage.input_tokens} input tokens`);
+    if (data.usage && data.usage.input_tokens !== undefined) meta.push(`${data.usage.input_tokens} tokens`);
     $('#meta').textContent = meta.join(' · ');
-    $('#meta').title = data.system_fingerprint ? `system_fingerprint ${data.system_fingerprint}` : '';
+    $('#meta').title = [`${DIALECTS[sent.dialect].label}: POST /${sent.path}`,
+                        data.system_fingerprint ? `system_fingerprint ${data.system_fingerprint}` : ''].filter(Boolean).join('\n');
 
-    const answers = data.answers || {};
-    const byId = new Map(sent.questions.map((q) => [q.id, q]));
-    const cards = [];
-    for (const [qid, answer] of orderedAnswers(answers, sent.body)) cards.push(answerCard(qid, answer, byId.get(qid)));
+    const cards = normalizedAnswers(data, sent).map(({ qid, answer, q, typeName, diagnostics }) => (
+      answerCard(qid, answer, q, typeName, diagnostics)));
     $('#answers').replaceChildren(...cards);
     $('#result').scrollTop = 0;
   }
 
+  /** [{qid, answer, q, typeName, diagnostics}] in the request's question order, whatever the dialect: an
+   * answer in /v1/systemone's shape (type choice|noul|score, probabilities keyed by option), the form's
+   * question it answers, and the type as the dialect names it. */
+  function normalizedAnswers(data, sent) {
+    if (sent.dialect === 'decisions') {
+      // a list in question order: the i-th answer is the i-th question's (a name is optional)
+      return (Array.isArray(data.answers) ? data.answers : []).map((a, i) => {
+        const q = sent.questions[i];
+        return { qid: a.name ?? (q && q.id) ?? `#${i + 1}`, answer: fromDecision(a), q, typeName: a.type };
+      });
+    }
+    const answers = data.answers && typeof data.answers === 'object' ? data.answers : {};
+    const byId = new Map(sent.questions.map((q) => [q.id, q]));
+    const diagnostics = data.diagnostics || {};
+    return orderedAnswers(answers, sent).map(([qid, answer]) => ({
+      qid, answer, q: byId.get(qid), typeName: answer.type, diagnostics: diagnostics[qid] }));
+  }
+
+  /** An OpenAI decision answer in /v1/systemone's shape (a choice value keeps its JSON spelling when it is
+   * no string: OpenAI's values are typed). */
+  function fromDecision(a) {
+    const key = (v) => (typeof v === 'string' ? v : JSON.stringify(v));
+    if (a.type === 'predicate') {
+      const p = Number(a.probability);
+      return { type: 'noul', noul: p, probabilities: { yes: p, no: 1 - p } };
+    }
+    if (a.type === 'choice') {
+      const probabilities = {};
+      for (const c of a.probabilities || []) probabilities[key(c.value)] = c.probability;
+      return { type: 'choice', choice: key(a.choice), confidence: a.confidence, probabilities };
+    }
+    if (a.type === 'score') {
+      const probabilities = {};
+      const legend = {};
+      for (const l of a.probabilities || []) { probabilities[String(l.value)] = l.probability; legend[String(l.value)] = l.label; }
+      return { type: 'score', score: a.score, confidence: a.confidence, probabilities, legend };
+    }
+    return { ...a };                                           // a refusal, or a type this page does not know
+  }
+
   /** The answers in the request's question order (a JS object lists integer-like ids first). */
-  function orderedAnswers(answers, body) {
-    const ids = [...body.get('questions').keys()].filter((id) => Object.prototype.hasOwnProperty.call(answers, id));
+  function orderedAnswers(answers, sent) {
+    const ids = sent.questions.map((q) => q.id).filter((id) => Object.prototype.hasOwnProperty.call(answers, id));
     for (const id of Object.keys(answers)) if (!ids.includes(id)) ids.push(id);
     return ids.map((id) => [id, answers[id]]);
   }
 
-  function answerCard(qid, answer, q) {
-    const type = answer.type || (q && q.type) || '?';
+  function answerCard(qid, answer, q, typeName, diagnostics) {
+    const type = CANONICAL_TYPE[answer.type] || answer.type || (q && q.type) || '?';
+    const chip = typeName || type;                            // the dialect's name: predicate in decisions
+    const confidence = () => (answer.confidence === undefined ? [] : [`confidence ${pct(answer.confidence)}`]);
     const probs = answer.probabilities || {};
     let headline;
     let sub = [];
@@ -681,14 +989,15 @@
       const describe = (name) => { const o = q && q.options.find((x) => x.name === name); return o ? o.description : ''; };
       bars = names.filter((n) => n in probs).map((n) => ({ label: n, desc: describe(n), p: probs[n] }));
       headline = String(answer.choice);
-      sub = [`confidence ${pct(answer.confidence)}`];
+      sub = confidence();
       bars.forEach((b) => { b.top = b.label === answer.choice; });
     } else if (type === 'noul') {
       const pYes = typeof answer.noul === 'number' ? answer.noul : probs.yes;
-      bars = [{ label: 'yes', desc: q ? q.truths.true : '', p: probs.yes ?? pYes, top: pYes >= 0.5 },
-              { label: 'no', desc: q ? q.truths.false : '', p: probs.no ?? 1 - pYes, top: pYes < 0.5 }];
+      const truths = q && chip !== 'predicate' ? q.truths : { true: '', false: '' };  // a predicate sent none
+      bars = [{ label: 'yes', desc: truths.true, p: probs.yes ?? pYes, top: pYes >= 0.5 },
+              { label: 'no', desc: truths.false, p: probs.no ?? 1 - pYes, top: pYes < 0.5 }];
       headline = pYes >= 0.5 ? 'yes' : 'no';
-      sub = [`p(yes) ${pct(pYes)}`, `confidence ${pct(answer.confidence)}`];
+      sub = [`p(yes) ${pct(pYes)}`, ...confidence()];
     } else if (type === 'score') {
       const legend = answer.legend || {};
       const levels = Object.keys(probs).sort((a, b) => Number(a) - Number(b));
@@ -698,7 +1007,7 @@
       const nearest = legend[String(Math.round(answer.score))];
       headline = `${Number(answer.score).toFixed(2)}${nearest ? ` ≈ ${nearest}` : ''}`;
       sub = [`expected level on 0–${levels.length - 1}`,
-             `most likely ${legend[best] ? `${legend[best]} (${best})` : best}`, `confidence ${pct(answer.confidence)}`];
+             `most likely ${legend[best] ? `${legend[best]} (${best})` : best}`, ...confidence()];
     } else {
       bars = Object.entries(probs).map(([k, p]) => ({ label: k, desc: '', p }));
       headline = JSON.stringify(answer);
@@ -717,16 +1026,20 @@
           el('span', { class: 'bar-pct', 'data-testid': 'bar-pct', text: pct(Number(b.p) || 0) }));
       }));
 
-    return el('article', { class: 'answer', 'data-testid': 'answer', 'data-qid': qid, 'data-type': type,
+    // vLLM's diagnostics: what the server accepted and did not read (a typo'd field, say) is worth seeing
+    const ignored = diagnostics && Array.isArray(diagnostics.ignored) && diagnostics.ignored.length
+      ? el('p', { class: 'answer-ignored', 'data-testid': 'answer-ignored',
+                  text: `not read: ${diagnostics.ignored.join(', ')}` }) : null;
+    return el('article', { class: 'answer', 'data-testid': 'answer', 'data-qid': qid, 'data-type': chip,
                            'aria-label': `Answer to ${qid}` },
       el('div', { class: 'answer-head' },
         el('span', { class: 'answer-id', text: qid }),
-        el('span', { class: 'q-chip', 'data-type': type, text: type }),
+        el('span', { class: 'q-chip', 'data-type': type, text: chip }),
         q && q.instructions ? el('span', { class: 'answer-q', text: q.instructions }) : null),
       el('div', { class: 'answer-top-row' },
         el('span', { class: 'answer-top', 'data-testid': 'answer-top', text: headline }),
         el('span', { class: 'answer-sub', 'data-testid': 'answer-confidence', text: sub.join(' · ') })),
-      barList);
+      barList, ignored);
   }
 
   /* ───────────── wiring ───────────── */
@@ -744,6 +1057,10 @@
     }
     $('#instructions').addEventListener('input', (e) => { form.instructions = e.target.value; changed(); });
     $('#model').addEventListener('change', (e) => { form.model = e.target.value; changed(); });
+    for (const radio of $$('input[name="dialect"]')) {
+      radio.addEventListener('change', () => { if (radio.checked) { form.dialect = radio.value; paintDialect(); changed(); } });
+    }
+    $('#temperature').addEventListener('input', (e) => { form.temperature = e.target.value; changed(); });
     for (const button of $$('[data-add]')) {
       button.addEventListener('click', () => {
         const q = newQuestion(button.dataset.add, { id: uniqueId(button.dataset.add) });
