@@ -110,7 +110,7 @@ async def test_invalid_requests_get_vllms_400(tmp_path, tiny_qwen3_dir, tiny_enc
         response = await client.post("/v1/systemone", content=infinite, headers={"content-type": "application/json"})
         assert_vllm_error(response, 400, schemas, "state.x[1].y")
         error = assert_vllm_error(await client.post("/v1/systemone", json={**TRIAGE_REQUEST, "model": "gpt-4"}),
-                                  404, schemas, "The model `gpt-4` does not exist. Valid aliases: clm-latest, clm, triage, clm-raw.")
+                                  404, schemas, "The model `gpt-4` does not exist. Valid aliases: clm-latest, clm, jev-latest, triage, clm-raw.")
         assert error["type"] == "NotFoundError" and error["param"] == "model"
         # Unknown top-level fields are ignored, as by vLLM's OpenAI models (extra="allow").
         assert (await client.post("/v1/systemone", json={**TRIAGE_REQUEST, "top_k": 0})).status_code == 200

@@ -50,7 +50,7 @@ async def test_each_model_answers_with_its_own_heads(tmp_path, tiny_qwen3_dir, t
         await wait_for(client, lambda: _all_loaded(client, 4), what="four heads")
         models = (await client.get("/v1/models")).json()
         assert [card["id"] for card in models["data"]] == \
-            ["clm-latest", "clm", "triage", "alpha", "beta", "second", "clm-raw"]
+            ["clm-latest", "clm", "jev-latest", "triage", "alpha", "beta", "second", "clm-raw"]
         assert [m["name"] for m in models["models"]] == ["clm-latest", "alpha", "beta", "second", "clm-raw"]
         assert (await client.get("/health")).json()["models"] == ["clm-latest", "alpha", "beta", "second", "clm-raw"]
 
@@ -69,7 +69,7 @@ async def test_each_model_answers_with_its_own_heads(tmp_path, tiny_qwen3_dir, t
         assert list(heads["models"]) == ["clm-latest", "alpha", "beta", "second"]
         assert heads["models"]["beta"]["origin"] == "models" and heads["models"]["alpha"]["origin"] == "ckpt_dir"
         assert heads["models"]["second"]["mode"] == "watch" and heads["models"]["alpha"]["mode"] == "single"
-        assert heads["models"]["clm-latest"]["aliases"] == ["clm", "triage"]
+        assert heads["models"]["clm-latest"]["aliases"] == ["clm", "jev-latest", "triage"]
         assert heads["version"] == "v0001" and heads["not_loaded"] == []
         # One shared action cache, each heads' projections of the same 10 option texts kept apart.
         assert [heads["models"][m]["action_cache_entries"] for m in heads["models"]] == [10, 10, 10, 10]

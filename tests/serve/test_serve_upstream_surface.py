@@ -46,7 +46,7 @@ async def test_model_names_default_alias_raw_and_unknown(tmp_path, tiny_qwen3_di
         assert raw.headers["X-CLM-Heads-Version"] == "clm-raw" and raw.json()["system_fingerprint"] == "clm-raw"
         assert raw.json()["answers"] != heads["answers"]
         error = assert_vllm_error(await client.post("/v1/systemone", json={**UPSTREAM_REQUEST, "model": "clm-v9"}),
-                                  404, schemas, "Valid aliases: clm-latest, clm, triage, clm-raw.")
+                                  404, schemas, "Valid aliases: clm-latest, clm, jev-latest, triage, clm-raw.")
         assert error["param"] == "model"
 
 
@@ -150,7 +150,7 @@ async def test_models_health_usage_and_error_detail(tmp_path, tiny_qwen3_dir, ti
 
         models = (await client.get("/v1/models")).json()
         assert models["object"] == "list"
-        assert [card["id"] for card in models["data"]] == ["clm-latest", "clm", "triage", "clm-raw"]
+        assert [card["id"] for card in models["data"]] == ["clm-latest", "clm", "jev-latest", "triage", "clm-raw"]
         assert [m["name"] for m in models["models"]] == ["clm-latest", "clm-raw"]
         assert models["models"][0]["description"] == \
             "Contrastive language model: Qwen3-8B encoder + trained projection heads"

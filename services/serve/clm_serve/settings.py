@@ -9,7 +9,7 @@ from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from clm.checkpoint.compat import REFERENCE_ENCODER_MODEL, REFERENCE_ENCODER_WIDTH, AssumedEncoder
-from clm.contract.names import DEFAULT_MODEL, RAW_MODEL
+from clm.contract.names import DEFAULT_ALIASES, DEFAULT_MODEL, RAW_MODEL
 from clm.encoders.spec import (DEFAULT_ENCODER_MAX_TOKENS, DEFAULT_ENCODER_MODEL, DEFAULT_ENCODER_POOLING, EncoderSpec,
                                spec_from_settings)
 from clm.storage import Location
@@ -35,8 +35,9 @@ class ServeSettings(ServiceSettings):
         "`clm-raw` (no heads: 100 x cosine of the raw encoder vectors) is always served too; any other name gets 404 "
         "listing the names.")
     served_model_aliases: str = Field(
-        "clm", description="Comma-separated other names of the served heads (`clm`: this service's name before "
-        "`clm-latest`); listed in /v1/models' OpenAI cards, echoed when asked for.")
+        ",".join(DEFAULT_ALIASES), description="Comma-separated other names of the served heads (`clm`: this "
+        "service's name before `clm-latest`; `jev-latest`: the TypeSafe/Jev SDKs' default model); listed in "
+        "/v1/models' OpenAI cards, echoed when asked for.")
     api_key: SecretStr = Field(
         SecretStr(""), validation_alias=AliasChoices("CLM_SERVE_API_KEY", "CLM_API_KEY"),
         description="API key(s), comma-separated (also `CLM_API_KEY`, upstream's name): every `/v1/*` route then "
@@ -149,6 +150,11 @@ class ServeSettings(ServiceSettings):
                              "off: `/` is 404.")
     cors_origins: str = Field("", description="Comma-separated origins allowed to call this service from a browser "
                               "(CORS), e.g. a playground served elsewhere; `*`: any; empty: no CORS headers.")
+    response_mode: Literal["vllm", "typesafe"] = Field(
+        "vllm", description="Shapes of `/v1/systemone` and `/v1/models`: `vllm` (vLLM's, with upstream "
+        "contrastive-lm's fields) or `typesafe` (TypeSafe's System One API, which Jev's SDKs read: a decision's "
+        "fields TypeSafe does not define renamed `x_<name>`, invalid requests 422 `{detail: [{loc, msg, type}]}`, "
+        "other errors `{detail: {error_type, message}}`). Other routes keep their own shapes.")
 
     @field_validator("models")
     @classmethod

@@ -14,7 +14,7 @@ from clm_http.limits import BodySizeLimitMiddleware
 from clm_http.prometheus import RequestMetricsMiddleware
 
 from clm_serve.http.decisions import ServingDecisions
-from clm_serve.http.errors import UNAUTHORIZED, install_serve_error_handlers
+from clm_serve.http.errors import UNAUTHORIZED, install_response_mode, install_serve_error_handlers
 from clm_serve.http.playground_routes import cors_origins, playground_router
 from clm_serve.http.routes import router
 from clm_serve.http.serving import ServingStructuredDecisions
@@ -58,6 +58,8 @@ def create_app(settings: ServeSettings | None = None, *, encoder: EncoderBackend
     # CLM_SERVE_API_KEY / CLM_API_KEY: vLLM's key check on /v1/* (a 401 before the body is read or counted).
     app.add_middleware(APIKeyMiddleware, keys=api_keys_from(settings.api_key), guarded_prefixes=("/v1",),
                        unauthorized_body=UNAUTHORIZED)
+    # CLM_SERVE_RESPONSE_MODE=typesafe: TypeSafe's shapes on its routes, the key's 401 and the body limit's 413 too.
+    install_response_mode(app, settings.response_mode)
     # Outermost: counts and times the decision routes by final status, the body limit's 413s included.
     app.add_middleware(RequestMetricsMiddleware, requests=runtime.metrics.requests,
                        latency=runtime.metrics.latency, paths=DECISION_PATHS)

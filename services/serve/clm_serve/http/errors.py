@@ -6,7 +6,9 @@ The runtime and the question types raise errors that know no HTTP; this module m
 * :class:`~clm_serve.runtime.names.UnknownModel` -> 404 ``NotFoundError``, ``param: model`` (vLLM's);
 * :class:`~clm_serve.question_types.StructuredDecisionError` -> 400 naming its ``param`` (vLLM's
   ``BadRequestError``);
-* every error body also carries ``detail``, the message upstream contrastive-lm's client reads.
+* every error body also carries ``detail``, the message upstream contrastive-lm's client reads;
+* with ``CLM_SERVE_RESPONSE_MODE=typesafe``, TypeSafe's routes answer TypeSafe's shapes instead
+  (:func:`install_response_mode`, ``clm_serve.http.typesafe``).
 
 Conditions only a route can word (no heads loaded yet: 503 naming the model, admin reload's 404/409)
 are raised where they are found as ``clm_http.errors.APIError``.
@@ -22,6 +24,7 @@ from fastapi.responses import JSONResponse
 
 from clm_http.errors import error_response, install_error_handlers
 
+from clm_serve.http.typesafe import TypeSafeMiddleware, typesafe_handler
 from clm_serve.question_types import StructuredDecisionError
 from clm_serve.runtime.names import UnknownModel
 
@@ -45,6 +48,19 @@ def install_serve_error_handlers(app: FastAPI) -> None:
         return error_response(400, str(exc), param=exc.param)
 
     add_error_detail(app)  # last: it wraps every handler installed above
+
+
+def install_response_mode(app: FastAPI, mode: str) -> None:
+    """``CLM_SERVE_RESPONSE_MODE``: ``vllm`` changes nothing; ``typesafe`` gives TypeSafe's routes TypeSafe's
+    shapes (``clm_serve.http.typesafe``): every exception handler's error rendered as TypeSafe's, and the answers
+    of the routes and of the middlewares installed before this call (the API key's 401, the body limit's 413)
+    reshaped by a middleware around them. Call it after those middlewares, before the request metrics, which
+    then count the status a client gets."""
+    if mode != "typesafe":
+        return
+    for key, handler in list(app.exception_handlers.items()):
+        app.exception_handlers[key] = typesafe_handler(handler)
+    app.add_middleware(TypeSafeMiddleware)
 
 
 def add_error_detail(app: FastAPI) -> None:

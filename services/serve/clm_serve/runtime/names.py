@@ -6,8 +6,8 @@ serves ``clm-raw``, its ablation without heads (``100 x cosine`` of the raw,
 L2-normalised encoder vectors over the same texts). Here:
 
 * ``served_model_name`` (default ``clm-latest``) and each of
-  ``served_model_aliases`` (default ``clm``, this service's earlier name) are
-  the default heads;
+  ``served_model_aliases`` (default ``clm``, this service's earlier name, and
+  ``jev-latest``, the TypeSafe/Jev SDKs' default model) are the default heads;
 * every other served heads has its name (``clm_serve.runtime.registry`` says which:
   published names, ``ckpt_dir`` files, ``models`` entries);
 * ``clm-raw`` is always there;
