@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from clm.encoders.base import EncoderError
-from clm_serve.runtime.action_cache import OptionEmbeddings, round_vectors
+from clm.serving.action_cache import OptionEmbeddings, round_vectors
 
 pytestmark = pytest.mark.anyio
 

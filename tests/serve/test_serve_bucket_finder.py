@@ -1,4 +1,4 @@
-"""The bucket side of clm-serve's hot reload (``clm_serve.runtime.published``), against the real SeaweedFS:
+"""The bucket side of clm-serve's hot reload (``clm.serving.published``), against the real SeaweedFS:
 what a poll costs, that a version is downloaded once, and how the local copies are kept.
 
 The store is the real one, wrapped to count the calls made through it.
@@ -13,7 +13,7 @@ import pytest
 
 from clm.checkpoint import PT_FILE
 from clm.storage import open_store
-from clm_serve.runtime.published import BucketRoot
+from clm.serving.published import BucketRoot
 from support.serve import HEADS_NAME, publish_to_bucket
 
 

@@ -26,7 +26,7 @@ from clm.records import load_records
 from clm.encoded import collect_clm_texts, encode_records
 from clm.evaluation.scoring import score_records
 from clm.encoded import record_texts
-from clm_serve.runtime.reloader import warm_option_texts
+from clm.serving.reloader import warm_option_texts
 from support.serve import HEADS_NAME, serve_in_process, serve_settings
 
 pytestmark = pytest.mark.anyio

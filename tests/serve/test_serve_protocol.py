@@ -14,7 +14,7 @@ import pytest
 from clm.texts import option_texts
 from clm_serve.http.protocol import StructuredDecisionRequest, StructuredDecisionResponse
 from clm.contract.answers import systemone_answer, typesafe_confidence
-from clm_serve.question_types import StructuredDecisionError, build_question
+from clm.contract.questions import StructuredDecisionError, build_question
 from support.serve import DATA
 
 

@@ -12,6 +12,7 @@ from clm.checkpoint.compat import REFERENCE_ENCODER_MODEL, REFERENCE_ENCODER_WID
 from clm.contract.names import DEFAULT_ALIASES, DEFAULT_MODEL, RAW_MODEL
 from clm.encoders.spec import (DEFAULT_ENCODER_MAX_TOKENS, DEFAULT_ENCODER_MODEL, DEFAULT_ENCODER_POOLING, EncoderSpec,
                                spec_from_settings)
+from clm.serving.config import ServingConfig
 from clm.storage import Location
 from clm_http.settings import ServiceSettings, body_limit_field, port_field
 
@@ -176,6 +177,24 @@ class ServeSettings(ServiceSettings):
         """What heads without an encoder fingerprint (upstream-format files) are checked against."""
         return AssumedEncoder(model=self.assumed_encoder_model, pooling=self.assumed_encoder_pooling,
                               normalize=self.assumed_encoder_normalize, width=self.assumed_encoder_width or None)
+
+    def serving_config(self) -> ServingConfig:
+        """The serving path's own config (``clm.serving.config``), from these settings: the same names, parsed."""
+        return ServingConfig(
+            encoder_spec=self.encoder_spec(),
+            served_model_name=self.served_model_name,
+            served_model_aliases=tuple(name.strip() for name in self.served_model_aliases.split(",")),
+            ckpt=self.ckpt, checkpoint_root=self.checkpoint_root, heads_name=self.heads_name,
+            published_models=None if (names := self.published_names()) is None else tuple(names), ckpt_dir=self.ckpt_dir, models=self.extra_models(),
+            max_models=self.max_models, store_cache_dir=self.store_cache_dir, assumed_encoder=self.assumed_encoder(),
+            watch=self.watch, poll_interval_s=self.poll_interval_s,
+            embedder_url=self.embedder_url, embedder_api_key=self.embedder_api_key.get_secret_value(),
+            embedder_timeout_s=self.embedder_timeout_s, embedder_concurrency=self.embedder_concurrency,
+            batch_window_ms=self.batch_window_ms, max_batch_questions=self.max_batch_questions,
+            max_batch_texts=self.max_batch_texts, max_options=self.max_options,
+            embedding_round_to=self.embedding_round_to, option_store_max_entries=self.option_store_max_entries,
+            action_cache_max_entries=self.action_cache_max_entries, warm_options_file=self.warm_options_file,
+        )
 
     def encoder_spec(self) -> EncoderSpec:
         """The encoder these settings describe (``clm.encoders.spec``: the one way encoders are built).

@@ -9,6 +9,7 @@ from fastapi.middleware.cors import CORSMiddleware
 
 import clm
 from clm.encoders.base import EncoderBackend
+from clm.serving.service import ServeRuntime
 from clm_http.api_key import APIKeyMiddleware, api_keys_from
 from clm_http.limits import BodySizeLimitMiddleware
 from clm_http.prometheus import RequestMetricsMiddleware
@@ -18,7 +19,6 @@ from clm_serve.http.errors import UNAUTHORIZED, install_response_mode, install_s
 from clm_serve.http.playground_routes import cors_origins, playground_router
 from clm_serve.http.routes import router
 from clm_serve.http.serving import ServingStructuredDecisions
-from clm_serve.runtime.service import ServeRuntime
 from clm_serve.settings import ServeSettings
 
 # The decision routes, counted and timed by the request metrics (one family, labelled by path).
@@ -29,7 +29,7 @@ def create_app(settings: ServeSettings | None = None, *, encoder: EncoderBackend
     """The app. ``encoder``: use this (already open) encoder instead of opening one from the settings
     (benchmarks and in-process tests share one model load); the caller then closes it."""
     settings = settings or ServeSettings()
-    runtime = ServeRuntime(settings, encoder=encoder)
+    runtime = ServeRuntime(settings.serving_config(), encoder=encoder)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -48,7 +48,8 @@ def create_app(settings: ServeSettings | None = None, *, encoder: EncoderBackend
         lifespan=lifespan,
     )
     app.state.runtime = runtime
-    app.state.serving = ServingStructuredDecisions(runtime)
+    app.state.settings = settings
+    app.state.serving = ServingStructuredDecisions(runtime, settings)
     app.state.decisions = ServingDecisions(app.state.serving)  # /v1/decisions, on the same path
     install_serve_error_handlers(app)  # vLLM's error bodies, this service's typed errors mapped (http.errors)
     app.include_router(router)

@@ -23,6 +23,7 @@ from fastapi import Request
 from pydantic import ValidationError
 
 from clm.contract.answers import decisions_answer
+from clm.contract.questions import Question, StructuredDecisionError, build_question
 from clm.texts import to_text
 from clm_http.errors import APIError, vllm_validation_message
 
@@ -44,7 +45,6 @@ from clm_serve.http.serving import (
     check_joint,
     render_state_texts,
 )
-from clm_serve.question_types import Question, StructuredDecisionError, build_question
 
 # vLLM's error type for a request that fails its schema (``validate_json_request`` and the validation handler)
 SCHEMA_ERROR = "Bad Request"

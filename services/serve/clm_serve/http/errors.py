@@ -3,8 +3,8 @@
 The runtime and the question types raise errors that know no HTTP; this module maps them, on top of
 ``clm_http.errors`` (vLLM's error body; a core error's status from its kind, ``clm.errors.KIND_OUTCOMES``):
 
-* :class:`~clm_serve.runtime.names.UnknownModel` -> 404 ``NotFoundError``, ``param: model`` (vLLM's);
-* :class:`~clm_serve.question_types.StructuredDecisionError` -> 400 naming its ``param`` (vLLM's
+* :class:`~clm.serving.names.UnknownModel` -> 404 ``NotFoundError``, ``param: model`` (vLLM's);
+* :class:`~clm.contract.questions.StructuredDecisionError` -> 400 naming its ``param`` (vLLM's
   ``BadRequestError``);
 * every error body also carries ``detail``, the message upstream contrastive-lm's client reads;
 * with ``CLM_SERVE_RESPONSE_MODE=typesafe``, TypeSafe's routes answer TypeSafe's shapes instead
@@ -22,11 +22,11 @@ import json
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from clm.contract.questions import StructuredDecisionError
+from clm.serving.names import UnknownModel
 from clm_http.errors import error_response, install_error_handlers
 
 from clm_serve.http.typesafe import TypeSafeMiddleware, typesafe_handler
-from clm_serve.question_types import StructuredDecisionError
-from clm_serve.runtime.names import UnknownModel
 
 # The 401 of a missing or wrong API key, read by both kinds of clients: vLLM's error object (``error``) and
 # upstream contrastive-lm's message (``detail``, what its CLMClient shows), worded as upstream's.

@@ -1,11 +1,11 @@
 """The ``/v1/models`` cards of upstream contrastive-lm's clm-serve: ``{name, release_date, description}``.
 
-The names themselves (which are served, aliases, ``clm-raw``) are ``clm_serve.runtime.names``.
+The names themselves (which are served, aliases, ``clm-raw``) are ``clm.serving.names``.
 """
 
 from __future__ import annotations
 
-from clm_serve.runtime.names import RAW_MODEL, ServedNames
+from clm.serving.names import RAW_MODEL, ServedNames
 
 UPSTREAM_RELEASE = "2026-09-19"  # upstream's engine.RELEASE, the release_date of its model cards
 HEADS_DESCRIPTION = "Contrastive language model: Qwen3-8B encoder + trained projection heads"

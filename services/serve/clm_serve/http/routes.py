@@ -1,4 +1,5 @@
-"""HTTP routes of clm-serve: decisions (vLLM's /v1/systemone, OpenAI's /v1/decisions), ranking, heads status, admin reload, health, metrics, models."""
+"""HTTP routes of clm-serve: decisions (vLLM's /v1/systemone, OpenAI's /v1/decisions), ranking, heads
+status, admin reload, health, metrics, models."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from clm.serving.loaded_heads import LoadedHeads
+from clm.serving.names import RAW_MODEL
+from clm.serving.service import ServeRuntime
 from clm_http.auth import require_bearer
 from clm_http.errors import APIError
 
@@ -17,9 +21,6 @@ from clm_serve.http.decisions_protocol import DecisionRequest, DecisionResponse
 from clm_serve.http.models import model_cards
 from clm_serve.http.protocol import ErrorResponse, RankRequest, RankResponse, StructuredDecisionRequest
 from clm_serve.http.serving import ServingStructuredDecisions
-from clm_serve.runtime.loaded_heads import LoadedHeads
-from clm_serve.runtime.names import RAW_MODEL
-from clm_serve.runtime.service import ServeRuntime
 
 HEADS_VERSION_HEADER = "X-CLM-Heads-Version"
 LATENCY_HEADER = "X-CLM-Latency-Ms"
@@ -97,7 +98,7 @@ async def heads_status(request: Request) -> dict:
     return {
         "object": "heads",
         "status": runtime.phase,
-        **models[runtime.settings.served_model_name],
+        **models[runtime.config.served_model_name],
         "encoder": None if encoder is None else {
             "model": encoder.fingerprint.model, "dim": encoder.dim, "digest": encoder.fingerprint.digest,
             "fingerprint": encoder.fingerprint.as_dict(),
@@ -141,9 +142,10 @@ async def admin_reload(request: Request, model: str | None = None) -> dict:
     exposes no admin surface at all (rather than an open one).
     """
     runtime = _runtime(request)
-    if not runtime.settings.admin_token.get_secret_value():
+    admin_token = request.app.state.settings.admin_token
+    if not admin_token.get_secret_value():
         raise APIError(404, "POST /admin/reload is disabled: set CLM_SERVE_ADMIN_TOKEN to enable it")
-    require_bearer(request, runtime.settings.admin_token)
+    require_bearer(request, admin_token)
     served = None if model is None else runtime.registry.resolve(model).served
     if served == RAW_MODEL:
         raise APIError(400, "clm-raw has no heads to reload", param="model")
@@ -155,8 +157,8 @@ async def admin_reload(request: Request, model: str | None = None) -> dict:
                                       for name, o in failed), err_type="ConflictError")
     if unreachable := [o for o in outcomes.values() if o.status == "unavailable"]:
         raise APIError(503, "; ".join(o.message for o in unreachable), headers={"Retry-After": "1"})
-    first = outcomes.get(runtime.settings.served_model_name) or next(iter(outcomes.values()))
-    manager = runtime.registry.managers.get(served or runtime.settings.served_model_name)
+    first = outcomes.get(runtime.config.served_model_name) or next(iter(outcomes.values()))
+    manager = runtime.registry.managers.get(served or runtime.config.served_model_name)
     current = None if manager is None else manager.current
     return {**first.as_dict(), "serving": None if current is None else current.version,
             "models": {name: outcome.as_dict() for name, outcome in outcomes.items()}}
@@ -182,13 +184,13 @@ def _cache_stats(runtime: ServeRuntime) -> dict | None:
     vectors of options."""
     if runtime.engine is None:
         return None
-    actions, settings = runtime.registry.actions, runtime.settings
+    actions, config = runtime.registry.actions, runtime.config
     hits, misses = actions.hits, actions.misses
     return {
         "device": "cpu",
         "hit_rate": hits / (hits + misses) if hits + misses else None,
         "action_cache": {"entries": len(actions), "capacity": actions.max_entries, "hits": hits, "misses": misses},
-        "option_embeddings": {"entries": len(runtime.engine.options), "capacity": settings.option_store_max_entries},
+        "option_embeddings": {"entries": len(runtime.engine.options), "capacity": config.option_store_max_entries},
     }
 
 

@@ -17,9 +17,13 @@ from fastapi import Request
 
 from clm.contract.answers import RAW_SCALE, systemone_answer  # RAW_SCALE: clm-raw's logits are 100 x cosine
 from clm.contract.names import RAW_MODEL
+from clm.contract.questions import Question, StructuredDecisionError, build_question
 from clm.encoders.base import EncoderChanged, EncoderError, EncoderInputError
 from clm.records import FieldProblem
 from clm.records.model import checked_state
+from clm.serving.loaded_heads import LoadedHeads
+from clm.serving.names import ServedModel
+from clm.serving.service import ServeRuntime
 from clm.texts import join_state, render_state, state_text_tail
 from clm_http.errors import APIError
 
@@ -33,10 +37,7 @@ from clm_serve.http.protocol import (
     StructuredDecisionRequest,
     StructuredDecisionResponse,
 )
-from clm_serve.question_types import Question, StructuredDecisionError, build_question
-from clm_serve.runtime.loaded_heads import LoadedHeads
-from clm_serve.runtime.names import ServedModel
-from clm_serve.runtime.service import ServeRuntime
+from clm_serve.settings import ServeSettings
 
 logger = logging.getLogger(__name__)
 
@@ -142,9 +143,9 @@ class Scored:
 class ServingStructuredDecisions:
     """The one decision path every dialect goes through: :meth:`score`, then the dialect's answer shape."""
 
-    def __init__(self, runtime: ServeRuntime) -> None:
+    def __init__(self, runtime: ServeRuntime, settings: ServeSettings) -> None:
         self.runtime = runtime
-        self.settings = runtime.settings
+        self.settings = settings  # the HTTP shell's limits (questions, state length); the runtime has its config
 
     async def score(self, model: ServedModel, questions: list[Question], state_texts: list[str], *,
                     temperature: float, request_id: str) -> Scored:

@@ -20,8 +20,7 @@ import numpy as np
 import torch
 
 from clm.microbatch import MicroBatcher
-
-from clm_serve.runtime.loaded_heads import LoadedHeads
+from clm.serving.loaded_heads import LoadedHeads
 
 T = TypeVar("T")
 

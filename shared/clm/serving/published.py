@@ -1,6 +1,6 @@
 """Where a served model's heads are found: the one thing a folder, a bucket and a fixed file do differently.
 
-A ``HeadsManager`` (``clm_serve.runtime.reloader``) asks its finder for a
+A ``HeadsManager`` (``clm.serving.reloader``) asks its finder for a
 ``Target``: a local folder or file to load, and an identity that changes only
 when the heads do. Loading, validation, the swap and refusals are the
 manager's alone, so a version read from a bucket goes through exactly the

@@ -10,7 +10,7 @@ Sources, in the order they claim a name (upstream contrastive-lm's order: its
 2. every ``*.pt`` of ``ckpt_dir`` under its file stem (upstream's ``--ckpt-dir``);
 3. ``models``: ``NAME=PATH`` entries (upstream's ``--model``), overriding;
 4. ``published_models``: names the trainer publishes under ``checkpoint_root``
-   (a folder or a bucket: ``clm_serve.runtime.published``), each following its
+   (a folder or a bucket: ``clm.serving.published``), each following its
    own ``latest``; found again every ``poll_interval_s`` (``ckpt_dir`` too), so
    a name published after start-up is served without a restart.
 
@@ -27,15 +27,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clm.encoders.base import EncoderBackend
+from clm.serving.action_cache import SharedActionCache
+from clm.serving.config import ServingConfig
+from clm.serving.engine import DecisionEngine
+from clm.serving.metrics import ServeMetrics
+from clm.serving.names import RAW_MODEL, ServedModel, ServedNames, aliases, resolve_model
+from clm.serving.published import BucketRoot, FixedFile, HeadsFinder, PublishedRoot, open_root
+from clm.serving.reloader import HeadsManager, ReloadOutcome, cancel_all, pause
 from clm.storage import StorageError
-
-from clm_serve.runtime.action_cache import SharedActionCache
-from clm_serve.runtime.engine import DecisionEngine
-from clm_serve.prometheus import ServeMetrics
-from clm_serve.runtime.names import RAW_MODEL, ServedModel, ServedNames, aliases, resolve_model
-from clm_serve.runtime.published import BucketRoot, FixedFile, HeadsFinder, PublishedRoot, open_root
-from clm_serve.runtime.reloader import HeadsManager, ReloadOutcome, cancel_all, pause
-from clm_serve.settings import ServeSettings
 
 logger = logging.getLogger(__name__)
 
@@ -64,38 +63,38 @@ class HeadsSource:
         return self.finder.label
 
 
-def configured_sources(settings: ServeSettings, root: PublishedRoot) -> list[HeadsSource]:
-    """Every source the settings name, in upstream's order: the default, ``ckpt_dir``'s files, then the
+def configured_sources(config: ServingConfig, root: PublishedRoot) -> list[HeadsSource]:
+    """Every source the config name, in upstream's order: the default, ``ckpt_dir``'s files, then the
     ``models`` entries (which override a same-named head in its place, the default included)."""
-    default_aliases = tuple(aliases(settings))
-    if settings.ckpt is not None:
-        default = HeadsSource(settings.served_model_name, FixedFile(settings.ckpt), "CLM_CKPT", default_aliases)
+    default_aliases = tuple(aliases(config))
+    if config.ckpt is not None:
+        default = HeadsSource(config.served_model_name, FixedFile(config.ckpt), "CLM_CKPT", default_aliases)
     else:
-        extra = (settings.heads_name,) if settings.heads_name not in (*default_aliases, RAW_MODEL) else ()
-        default = HeadsSource(settings.served_model_name, root.follow(settings.heads_name), "heads_name",
+        extra = (config.heads_name,) if config.heads_name not in (*default_aliases, RAW_MODEL) else ()
+        default = HeadsSource(config.served_model_name, root.follow(config.heads_name), "heads_name",
                               default_aliases + extra)
     sources = {default.name: default}
-    sources.update({source.name: source for source in _ckpt_dir_sources(settings, set(sources))})
-    for name, path in settings.extra_models().items():
+    sources.update({source.name: source for source in _ckpt_dir_sources(config, set(sources))})
+    for name, path in config.models.items():
         sources[name] = HeadsSource(name, FixedFile(path), "models", default_aliases if name == default.name else ())
     return list(sources.values())
 
 
-def _ckpt_dir_sources(settings: ServeSettings, taken: set[str]) -> list[HeadsSource]:
+def _ckpt_dir_sources(config: ServingConfig, taken: set[str]) -> list[HeadsSource]:
     """``ckpt_dir``'s ``*.pt`` files under their stems (the default checkpoint itself skipped, as upstream)."""
-    folder = settings.ckpt_dir
+    folder = config.ckpt_dir
     if folder is None or not folder.is_dir():
         return []
-    default = settings.ckpt.resolve() if settings.ckpt is not None else None
+    default = config.ckpt.resolve() if config.ckpt is not None else None
     return [HeadsSource(pt.stem, FixedFile(pt), "ckpt_dir") for pt in sorted(folder.glob("*.pt"))
             if pt.stem not in taken and pt.stem != RAW_MODEL and pt.resolve() != default]
 
 
-def published_sources(settings: ServeSettings, root: PublishedRoot, taken: set[str]) -> list[HeadsSource]:
+def published_sources(config: ServingConfig, root: PublishedRoot, taken: set[str]) -> list[HeadsSource]:
     """Names published under ``checkpoint_root`` (a ``latest`` pointer exists) that ``published_models`` lets
     in, in name order. Blocking: ``*`` lists the folder or the bucket prefix once (one level); a name not
     served yet is then looked up (a HEAD of its ``latest`` in a bucket), a served one costs nothing more."""
-    wanted = settings.published_names()
+    wanted = config.published_models
     if wanted == []:
         return []
     try:
@@ -108,19 +107,19 @@ def published_sources(settings: ServeSettings, root: PublishedRoot, taken: set[s
 
 
 class HeadsRegistry:
-    def __init__(self, settings: ServeSettings, metrics: ServeMetrics) -> None:
-        self.settings = settings
+    def __init__(self, config: ServingConfig, metrics: ServeMetrics) -> None:
+        self.config = config
         self.metrics = metrics
-        self.root = open_root(settings.checkpoint_root, settings.store_cache_dir)
-        self.actions = SharedActionCache(settings.action_cache_max_entries)
+        self.root = open_root(config.checkpoint_root, config.store_cache_dir)
+        self.actions = SharedActionCache(config.action_cache_max_entries)
         self.sources: dict[str, HeadsSource] = {}
         self.not_loaded: list[str] = []
         self.managers: dict[str, HeadsManager] = {}
-        self._names = ServedNames(settings.served_model_name, (), {})
+        self._names = ServedNames(config.served_model_name, (), {})
         self._serving: tuple[EncoderBackend, DecisionEngine, list[str]] | None = None
-        self._add(configured_sources(settings, self.root))
+        self._add(configured_sources(config, self.root))
         if isinstance(self.root, BucketRoot):  # a bucket is asked at start, off the event loop
-            self._add(_ckpt_dir_sources(settings, {*self.sources, *self._names.heads}))
+            self._add(_ckpt_dir_sources(config, {*self.sources, *self._names.heads}))
         else:
             self._add(self._discover())
 
@@ -135,12 +134,12 @@ class HeadsRegistry:
 
     @property
     def default(self) -> HeadsManager | None:
-        return self.managers.get(self.settings.served_model_name)
+        return self.managers.get(self.config.served_model_name)
 
     def _discover(self) -> list[HeadsSource]:
         taken = {*self.sources, *self.not_loaded, *self._names.heads}
-        fresh = _ckpt_dir_sources(self.settings, taken)
-        return fresh + published_sources(self.settings, self.root, taken | {s.name for s in fresh})
+        fresh = _ckpt_dir_sources(self.config, taken)
+        return fresh + published_sources(self.config, self.root, taken | {s.name for s in fresh})
 
     def _add(self, sources: list[HeadsSource]) -> list[HeadsSource]:
         """Serve ``sources`` within ``max_models``; the names past it are ``not_loaded``. Returns those added."""
@@ -148,10 +147,10 @@ class HeadsRegistry:
         for source in sources:
             if source.name in self.sources or source.name in self.not_loaded:
                 continue
-            if len(self.sources) >= self.settings.max_models:
+            if len(self.sources) >= self.config.max_models:
                 self.not_loaded.append(source.name)
                 logger.warning("not serving %s (%s): max_models=%d heads are served already", source.name,
-                               source.where, self.settings.max_models)
+                               source.where, self.config.max_models)
                 continue
             self.sources[source.name] = source
             added.append(source)
@@ -159,7 +158,7 @@ class HeadsRegistry:
         for source in self.sources.values():
             heads[source.name] = source.name
             heads.update({alias: source.name for alias in source.aliases if alias not in self.sources})
-        self._names = ServedNames(self.settings.served_model_name, tuple(self.sources), heads)
+        self._names = ServedNames(self.config.served_model_name, tuple(self.sources), heads)
         return added
 
     # -- serving -------------------------------------------------------------------------------
@@ -184,7 +183,7 @@ class HeadsRegistry:
     def _open(self, source: HeadsSource) -> HeadsManager:
         assert self._serving is not None
         encoder, engine, warm = self._serving
-        manager = HeadsManager(source.name, source.finder, self.settings, encoder, engine, self.metrics, self.actions,
+        manager = HeadsManager(source.name, source.finder, self.config, encoder, engine, self.metrics, self.actions,
                                warm)
         self.managers[source.name] = manager
         return manager
@@ -202,7 +201,7 @@ class HeadsRegistry:
                  for name, manager in self.managers.items()]
         try:
             while not stop.is_set():
-                await pause(stop, self.settings.poll_interval_s)
+                await pause(stop, self.config.poll_interval_s)
                 if stop.is_set() or self._serving is None:
                     break
                 try:

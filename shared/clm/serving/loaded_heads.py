@@ -21,8 +21,7 @@ from clm.checkpoint import AssumedEncoder, CheckpointError, LoadedCheckpoint, ch
 from clm.contract.answers import tempered_logits
 from clm.encoders.base import EncoderFingerprint
 from clm.heads import CLMHeadPair
-
-from clm_serve.runtime.action_cache import ActionCache
+from clm.serving.action_cache import ActionCache
 
 _VERSION_DIR = re.compile(r"^v(\d{4,})$")
 

@@ -26,14 +26,13 @@ from clm.encoders.base import EncoderBackend, EncoderChanged, EncoderError
 from clm.encoders.coalescing import CoalescingEncoder
 from clm.encoders.spec import fetch_remote_identity
 from clm.retry import RetryPolicy, failure_of, next_sleep
-
-from clm_serve.runtime.action_cache import OptionEmbeddings
-from clm_serve.runtime.batcher import ProjectionBatcher
-from clm_serve.runtime.engine import DecisionEngine
-from clm_serve.prometheus import ServeMetrics
-from clm_serve.runtime.registry import HeadsRegistry
-from clm_serve.runtime.reloader import HeadsManager, pause, warm_option_texts
-from clm_serve.settings import ServeSettings
+from clm.serving.action_cache import OptionEmbeddings
+from clm.serving.batcher import ProjectionBatcher
+from clm.serving.config import ServingConfig
+from clm.serving.engine import DecisionEngine
+from clm.serving.metrics import ServeMetrics
+from clm.serving.registry import HeadsRegistry
+from clm.serving.reloader import HeadsManager, pause, warm_option_texts
 
 logger = logging.getLogger(__name__)
 
@@ -41,13 +40,13 @@ _ENCODER_RETRY = RetryPolicy(initial_wait_s=0.5, max_wait_s=5.0)  # waiting for 
 
 
 class ServeRuntime:
-    def __init__(self, settings: ServeSettings, encoder: EncoderBackend | None = None) -> None:
-        self.settings = settings
+    def __init__(self, config: ServingConfig, encoder: EncoderBackend | None = None) -> None:
+        self.config = config
         self.metrics = ServeMetrics()
         self.encoder: EncoderBackend | None = encoder
         self._owns_encoder = encoder is None
         self.engine: DecisionEngine | None = None
-        self.registry = HeadsRegistry(settings, self.metrics)  # the served names (managers once serving)
+        self.registry = HeadsRegistry(config, self.metrics)  # the served names (managers once serving)
         self.batcher: ProjectionBatcher | None = None
         self.encode_batcher: CoalescingEncoder | None = None
         self.startup_error: str | None = None
@@ -64,16 +63,16 @@ class ServeRuntime:
     @property
     def phase(self) -> str:
         """What the service is doing: a line for /health and for 503 messages (about the default heads)."""
-        return self.model_phase(self.settings.served_model_name)
+        return self.model_phase(self.config.served_model_name)
 
     def model_phase(self, name: str) -> str:
         """``phase`` for one served model: the service's when it is not ready, else that model's heads'."""
         if self.fatal_error is not None:
             return f"failed: start-up crashed ({self.fatal_error}); see the service log"
         if self.encoder is None:
-            if self.startup_error and not self.settings.embedder_url:
+            if self.startup_error and not self.config.embedder_url:
                 return f"failed: the in-process encoder did not load ({self.startup_error})"
-            source = f"the embedder at {self.settings.embedder_url}" if self.settings.embedder_url else "the encoder"
+            source = f"the embedder at {self.config.embedder_url}" if self.config.embedder_url else "the encoder"
             return f"starting: waiting for {source}" + (f" ({self.startup_error})" if self.startup_error else "")
         manager = self.registry.managers.get(name)
         if manager is None or manager.current is None:
@@ -86,7 +85,7 @@ class ServeRuntime:
 
     async def start(self) -> None:
         self.batcher = ProjectionBatcher(
-            window_s=self.settings.batch_window_ms / 1000.0, max_items=self.settings.max_batch_questions,
+            window_s=self.config.batch_window_ms / 1000.0, max_items=self.config.max_batch_questions,
             on_batch=self.metrics.batch_questions.observe,
         )
         self._task = asyncio.create_task(self._run(), name="clm-serve-runtime")
@@ -116,7 +115,7 @@ class ServeRuntime:
         requests still running on them must end with the same clean 503; ``stop``
         closes them.
         """
-        if self.encoder is None or self.encoder.fingerprint.digest != error.expected or not self.settings.embedder_url:
+        if self.encoder is None or self.encoder.fingerprint.digest != error.expected or not self.config.embedder_url:
             return
         logger.error("%s: taking the heads out of service and reloading the encoder identity", error)
         self.metrics.encoder_changes.inc()
@@ -124,7 +123,7 @@ class ServeRuntime:
         old_task = self._task
         self._retired += [c for c in (self.encode_batcher, self.encoder if self._owns_encoder else None) if c]
         self.engine = self.encode_batcher = self.encoder = None
-        self._owns_encoder = True  # the next encoder is opened here, from settings
+        self._owns_encoder = True  # the next encoder is opened here, from config
         self.startup_error = str(error)
         self._task = asyncio.create_task(self._restart(old_task), name="clm-serve-runtime")
 
@@ -140,29 +139,29 @@ class ServeRuntime:
             await self._open_encoder()
             if self.encoder is None:
                 return
-            settings = self.settings
+            config = self.config
             # State texts and new option texts of concurrent requests share encoder calls.
             self.encode_batcher = CoalescingEncoder(
-                self.encoder, window_ms=settings.batch_window_ms, max_batch_texts=settings.max_batch_texts,
+                self.encoder, window_ms=config.batch_window_ms, max_batch_texts=config.max_batch_texts,
                 # One local forward at a time (one model thread); overlapping round trips to an embedder.
-                max_concurrency=settings.embedder_concurrency if settings.embedder_url else 1,
+                max_concurrency=config.embedder_concurrency if config.embedder_url else 1,
                 on_batch=self.metrics.batch_texts.observe,
             )
             options = OptionEmbeddings(
-                self.encode_batcher, max_entries=settings.option_store_max_entries,
-                round_to=settings.embedding_round_to, on_encoded=self.metrics.option_texts_encoded.inc,
+                self.encode_batcher, max_entries=config.option_store_max_entries,
+                round_to=config.embedding_round_to, on_encoded=self.metrics.option_texts_encoded.inc,
             )
             self.engine = DecisionEngine(self.encoder, options, self.encode_batcher, self.batcher,
-                                         round_to=settings.embedding_round_to)
+                                         round_to=config.embedding_round_to)
             warm = []
-            if settings.warm_options_file is not None:
-                warm = await asyncio.to_thread(warm_option_texts, settings.warm_options_file, settings.max_options)
-                logger.info("warm-up set: %d option texts from %s", len(warm), settings.warm_options_file)
+            if config.warm_options_file is not None:
+                warm = await asyncio.to_thread(warm_option_texts, config.warm_options_file, config.max_options)
+                logger.info("warm-up set: %d option texts from %s", len(warm), config.warm_options_file)
             await self.registry.start(self.encoder, self.engine, warm)
             # An event of this run's own: cancelling watchfiles' awatch sets the event it watches with, and
             # a replaced identity's watchers must not stop the next run's.
             self._run_stop = run_stop = asyncio.Event()
-            watchers = [self._watch_identity(run_stop)] if settings.embedder_url else []
+            watchers = [self._watch_identity(run_stop)] if config.embedder_url else []
             await asyncio.gather(self.registry.watch(run_stop), *watchers)
         except asyncio.CancelledError:
             raise
@@ -174,17 +173,17 @@ class ServeRuntime:
         """Ask the embedder its identity every ``poll_interval_s``: a swap is noticed even without traffic,
         and, once heads were refused for a new identity, a return to one they match is noticed too
         (no request reaches the encoder while no heads are loaded)."""
-        url, encoder = self.settings.embedder_url, self.encoder
+        url, encoder = self.config.embedder_url, self.encoder
         assert url is not None and encoder is not None
         while not stop.is_set():
-            await pause(stop, self.settings.poll_interval_s)
+            await pause(stop, self.config.poll_interval_s)
             # Answers that named our digest since the last poll already proved the identity (under traffic
             # this skips every poll: a thread hop and a round trip each).
-            if time.monotonic() - getattr(encoder, "verified_at", 0.0) < self.settings.poll_interval_s:
+            if time.monotonic() - getattr(encoder, "verified_at", 0.0) < self.config.poll_interval_s:
                 continue
             try:
-                fingerprint, _ = await asyncio.to_thread(fetch_remote_identity, url, self.settings.embedder_timeout_s,
-                                                         api_key=self.settings.embedder_api_key.get_secret_value())
+                fingerprint, _ = await asyncio.to_thread(fetch_remote_identity, url, self.config.embedder_timeout_s,
+                                                         api_key=self.config.embedder_api_key)
             except EncoderError as error:  # down or restarting: the per-response check still guards answers
                 logger.debug("identity check of %s failed: %s", url, error)
                 continue
@@ -200,13 +199,13 @@ class ServeRuntime:
             return
 
         def open_once() -> EncoderBackend:  # blocking (loads a model, or asks the embedder its identity)
-            return self.settings.encoder_spec().build()
+            return self.config.encoder_spec.build()
 
         def announce(state) -> None:
             self.startup_error = str(failure_of(state))
             logger.warning("encoder not available (%s); retrying in %.1fs", self.startup_error, next_sleep(state))
 
-        retry_on = _encoder_not_up if self.settings.embedder_url else (lambda error: False)
+        retry_on = _encoder_not_up if self.config.embedder_url else (lambda error: False)
         try:
             async for attempt in _ENCODER_RETRY.async_retrying(retry_on, before_sleep=announce):
                 with attempt:
@@ -218,8 +217,8 @@ class ServeRuntime:
         self.startup_error = None
         logger.info("encoder %s (%s pooling, dim %d), fingerprint %s%s", encoder.fingerprint.model,
                     encoder.fingerprint.pooling, encoder.dim, encoder.fingerprint.digest[:16],
-                    f", served by the embedder at {self.settings.embedder_url}"
-                    if self.settings.embedder_url else ", in-process")
+                    f", served by the embedder at {self.config.embedder_url}"
+                    if self.config.embedder_url else ", in-process")
 
 
 def _encoder_not_up(error: BaseException) -> bool:

@@ -1,13 +1,14 @@
-"""Question types of ``/v1/systemone``, answered by CLM heads.
+"""The questions the serving path scores (``Question``), built from any dialect's request by ``build_question``.
 
-Mirrors ``vllm/entrypoints/generate/structured_decisions/question_types.py``:
+``/v1/systemone`` asks them as written; ``/v1/decisions`` translates each of its questions into one first
+(``clm_serve.http.decisions``). Mirrors ``vllm/entrypoints/generate/structured_decisions/question_types.py``:
 the same three types, the same refusals of malformed criteria (with the same
 messages), and answers built like vLLM's from a probability per option. The
 question itself is the one model the records use
 (``clm.records.questions``: options in model-output order, answers, the
 option texts of ``clm.texts``), so a request and a training record asking
 the same question are the same object with the same texts; this module only
-adds vLLM's shape checks in front of it and the answer each type returns.
+adds vLLM's shape checks in front of it (each dialect's answer is ``clm.contract.answers``).
 
 What differs from vLLM is where the probabilities come from: vLLM reads the
 labels' next-token probabilities off a generative model; a CLM scores every
@@ -55,7 +56,7 @@ from clm.texts import as_question, option_texts, to_text
 
 
 class StructuredDecisionError(ValueError):
-    """An invalid request. Answered 400 (vLLM's ``BadRequestError`` shape) by ``clm_serve.http.errors``."""
+    """An invalid request naming its field (``param``): clm-serve answers 400 (vLLM's ``BadRequestError``)."""
 
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)

@@ -8,7 +8,7 @@ L2-normalised encoder vectors over the same texts). Here:
 * ``served_model_name`` (default ``clm-latest``) and each of
   ``served_model_aliases`` (default ``clm``, this service's earlier name, and
   ``jev-latest``, the TypeSafe/Jev SDKs' default model) are the default heads;
-* every other served heads has its name (``clm_serve.runtime.registry`` says which:
+* every other served heads has its name (``clm.serving.registry`` says which:
   published names, ``ckpt_dir`` files, ``models`` entries);
 * ``clm-raw`` is always there;
 * a request without ``model`` (null or ``""`` too) is answered by the default heads;
@@ -24,8 +24,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from clm.contract.names import RAW_MODEL
-
-from clm_serve.settings import ServeSettings
+from clm.serving.config import ServingConfig
 
 
 class UnknownModel(LookupError):
@@ -52,9 +51,9 @@ class ServedModel:
         return self.kind == "raw"
 
 
-def aliases(settings: ServeSettings) -> list[str]:
-    names = [name.strip() for name in settings.served_model_aliases.split(",")]
-    return [name for name in dict.fromkeys(names) if name and name not in (settings.served_model_name, RAW_MODEL)]
+def aliases(config: ServingConfig) -> list[str]:
+    names = [name.strip() for name in config.served_model_aliases]
+    return [name for name in dict.fromkeys(names) if name and name not in (config.served_model_name, RAW_MODEL)]
 
 
 @dataclass(frozen=True)

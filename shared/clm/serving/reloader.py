@@ -1,6 +1,6 @@
 """Hot reload: find the heads to serve, load them off the request path, swap atomically.
 
-One ``HeadsManager`` per served model (``clm_serve.runtime.registry`` opens them).
+One ``HeadsManager`` per served model (``clm.serving.registry`` opens them).
 Sources of a reload: start-up, the ``latest`` pointer changing (watchfiles,
 with a polling loop as a fallback for filesystems that deliver no events,
 such as NFS or some container volumes; in a bucket, its ETag polled), a fixed
@@ -8,7 +8,7 @@ file changing (polled: size and modification time), and ``POST /admin/reload``.
 
 A reload, serialised by one lock:
 
-1. asks the finder for the target (``clm_serve.runtime.published``:
+1. asks the finder for the target (``clm.serving.published``:
    ``<root>/<name>/latest`` → ``vNNNN`` in a folder, or in a bucket and then
    downloaded once to a local folder, or the fixed file); the same target as
    now serving is a no-op;
@@ -46,16 +46,15 @@ from pathlib import Path
 from typing import Literal
 
 from clm.checkpoint import LATEST_FILE, CheckpointError, read_option_texts
+from clm.contract.questions import StructuredDecisionError, build_question
 from clm.encoders.base import EncoderBackend, EncoderError
+from clm.serving.action_cache import SharedActionCache
+from clm.serving.config import ServingConfig
+from clm.serving.engine import DecisionEngine
+from clm.serving.loaded_heads import HeadsRefused, LoadedHeads, load_heads
+from clm.serving.metrics import ServeMetrics
+from clm.serving.published import HeadsFinder, Target
 from clm.storage import StorageError
-
-from clm_serve.runtime.action_cache import SharedActionCache
-from clm_serve.runtime.engine import DecisionEngine
-from clm_serve.runtime.loaded_heads import HeadsRefused, LoadedHeads, load_heads
-from clm_serve.runtime.published import HeadsFinder, Target
-from clm_serve.prometheus import ServeMetrics
-from clm_serve.question_types import StructuredDecisionError, build_question
-from clm_serve.settings import ServeSettings
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +129,7 @@ class HeadsManager:
         self,
         name: str,
         finder: HeadsFinder,
-        settings: ServeSettings,
+        config: ServingConfig,
         encoder: EncoderBackend,
         engine: DecisionEngine,
         metrics: ServeMetrics,
@@ -140,7 +139,7 @@ class HeadsManager:
         self.name = name
         self.finder = finder
         self.actions = actions
-        self.settings = settings
+        self.config = config
         self.encoder = encoder
         self.engine = engine
         self.metrics = metrics
@@ -193,7 +192,7 @@ class HeadsManager:
         try:
             new = await asyncio.to_thread(
                 load_heads, path, encoder=self.encoder.fingerprint, encoder_dim=self.encoder.dim, action_cache=cache,
-                assumed_encoder=self.settings.assumed_encoder(),
+                assumed_encoder=self.config.assumed_encoder,
             )
             trained_options = await asyncio.to_thread(read_option_texts, path)
         except CheckpointError as error:  # options.json not matching its manifest: a damaged version
@@ -244,7 +243,7 @@ class HeadsManager:
         if self.source_error is None:
             self.source_error = {"message": str(error), "since": _now(), "failed_polls": 0}
             logger.warning("heads of %s: %s did not answer (%s); still serving %s, asking again every %.1fs",
-                           self.name, self.finder.where, error, serving, self.settings.poll_interval_s)
+                           self.name, self.finder.where, error, serving, self.config.poll_interval_s)
         else:
             logger.debug("heads of %s: %s still does not answer: %s", self.name, self.finder.where, error)
         self.source_error.update(message=str(error), failed_polls=self.source_error["failed_polls"] + 1)
@@ -277,7 +276,7 @@ class HeadsManager:
     async def watch(self, stop: asyncio.Event) -> None:
         """Reload whenever ``latest`` moves, until ``stop`` is set: file events plus a polling fallback."""
         tasks = [asyncio.create_task(self._poll(stop), name="clm-serve-poll")]
-        if self.settings.watch and self.finder.watch_dir is not None:  # a file or bucket is polled only
+        if self.config.watch and self.finder.watch_dir is not None:  # a file or bucket is polled only
             tasks.append(asyncio.create_task(self._watch_files(stop), name="clm-serve-watch"))
         try:
             await stop.wait()
@@ -292,7 +291,7 @@ class HeadsManager:
 
     async def _poll(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            await pause(stop, self.settings.poll_interval_s)
+            await pause(stop, self.config.poll_interval_s)
             if not stop.is_set():
                 await self._safe_reload("poll")
 
@@ -306,7 +305,7 @@ class HeadsManager:
             # Watch the name folder once it exists (events on `latest`), else the root for its creation.
             target = folder if folder.is_dir() else root if root.is_dir() else None
             if target is None:
-                await asyncio.sleep(self.settings.poll_interval_s)
+                await asyncio.sleep(self.config.poll_interval_s)
                 continue
             try:
                 async for changes in awatch(target, stop_event=stop, recursive=False, debounce=50, step=20):
@@ -317,5 +316,5 @@ class HeadsManager:
                         break
             except Exception as error:  # inotify limits, unsupported filesystem: polling still runs
                 logger.warning("file watching of %s stopped (%s); relying on polling every %.1fs",
-                               target, error, self.settings.poll_interval_s)
+                               target, error, self.config.poll_interval_s)
                 return

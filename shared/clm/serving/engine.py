@@ -18,13 +18,12 @@ import numpy as np
 import torch
 
 from clm.contract.answers import tempered_logits
+from clm.contract.questions import Question
 from clm.encoders.base import EncoderBackend
 from clm.encoders.coalescing import CoalescingEncoder
-
-from clm_serve.runtime.action_cache import OptionEmbeddings, round_vectors
-from clm_serve.runtime.batcher import ProjectionBatcher
-from clm_serve.runtime.loaded_heads import LoadedHeads
-from clm_serve.question_types import Question
+from clm.serving.action_cache import OptionEmbeddings, round_vectors
+from clm.serving.batcher import ProjectionBatcher
+from clm.serving.loaded_heads import LoadedHeads
 
 _WARM_CHUNK = 4096  # option texts projected per step while warming (bounds peak memory)
 

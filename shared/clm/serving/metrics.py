@@ -1,4 +1,4 @@
-"""Prometheus metrics of clm-serve, on a registry owned by one app instance.
+"""Prometheus metrics of the serving path (the series clm-serve exposes), on a registry owned by one runtime.
 
 A per-app ``CollectorRegistry`` (not the process-global one) lets tests and
 benchmarks run several apps in one process without "duplicated timeseries"
@@ -25,12 +25,14 @@ class ServeMetrics:
             "clm_serve_requests", "Decision requests answered, by HTTP status.", ["status"], registry=r
         )
         self.latency = Histogram(
-            "clm_serve_request_latency_seconds", "Wall time of POST /v1/systemone, including encoding.",
+            "clm_serve_request_latency_seconds",
+            "Wall time of a decision request (POST /v1/systemone, /v1/decisions), including encoding.",
             buckets=_LATENCY_BUCKETS, registry=r,
         )
         self.questions = Counter("clm_serve_questions", "Questions answered, by served model and question type.",
                                  ["model", "type"], registry=r)
-        self.answers = Counter("clm_serve_model_requests", "Requests answered (POST /v1/systemone, /v1/decisions and /v1/rank), "
+        self.answers = Counter("clm_serve_model_requests",
+                               "Requests answered (POST /v1/systemone, /v1/decisions and /v1/rank), "
                                "by served model (`clm-raw` too).", ["model"], registry=r)
         self.batch_questions = Histogram(
             "clm_serve_projection_batch_questions", "Questions per micro-batched state projection.",

@@ -1,1 +1,0 @@
-"""clm-serve's runtime, knowing no HTTP: served heads by name, hot reload, engine, batchers, caches."""
