@@ -21,8 +21,11 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Sequence
 
-from clm.encoders.base import EncoderBackend, EncoderChanged, EncoderError
+from clm.contract.answers import RAW_SCALE
+from clm.contract.questions import Question, StructuredDecisionError
+from clm.encoders.base import EncoderBackend, EncoderChanged, EncoderError, EncoderInputError
 from clm.encoders.coalescing import CoalescingEncoder
 from clm.encoders.spec import fetch_remote_identity
 from clm.retry import RetryPolicy, failure_of, next_sleep
@@ -31,8 +34,10 @@ from clm.serving.batcher import ProjectionBatcher
 from clm.serving.config import ServingConfig
 from clm.serving.engine import DecisionEngine
 from clm.serving.metrics import ServeMetrics
+from clm.serving.names import ServedModel
 from clm.serving.registry import HeadsRegistry
 from clm.serving.reloader import HeadsManager, pause, warm_option_texts
+from clm.serving.scoring import HeadsNotReady, Scored
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +87,36 @@ class ServeRuntime:
                 return f"no heads loaded yet: {manager.source_error['message']}"
             return f"no heads loaded yet (looking at {self.registry.sources[name].where})"
         return "ready"
+
+    async def score(self, model: ServedModel, questions: Sequence[Question], state_texts: Sequence[str], *,
+                    temperature: float = 1.0, request_id: str = "") -> Scored:
+        """The probabilities of ``questions`` (already checked) asked of ``model``, all computed by one heads
+        version, captured once (``clm.serving.scoring``)."""
+        manager = self.registry.managers.get(model.served)
+        heads = manager.current if manager is not None else None
+        engine = self.engine
+        if engine is None or (heads is None and not model.is_raw):
+            raise HeadsNotReady(model.served, self.model_phase(model.served))
+        try:
+            if model.is_raw:
+                heads = None
+                decision = await engine.decide_raw(questions, state_texts, temperature=temperature, scale=RAW_SCALE)
+            else:
+                decision = await engine.decide(heads, questions, state_texts, temperature=temperature)
+        except EncoderInputError as error:
+            # The refused text is a state text rendered from the request: name the client's field, not an index.
+            raise StructuredDecisionError(f"the encoder refused a state text: {error.detail}", param="state") from None
+        except EncoderChanged as error:  # vectors of another encoder: never scored; unavailable naming both digests
+            logger.warning("request %s: %s", request_id, error)
+            self.encoder_changed(error)
+            raise
+        except EncoderError as error:  # unavailable (kinded): logged with the request id
+            logger.warning("request %s: encoder unavailable: %s", request_id, error)
+            raise
+        for question in questions:
+            self.metrics.questions.labels(model.served, question.type.name).inc()
+        self.metrics.answers.labels(model.served).inc()
+        return Scored(model=model, heads=heads, probs=decision.probs, input_tokens=decision.input_tokens)
 
     async def start(self) -> None:
         self.batcher = ProjectionBatcher(

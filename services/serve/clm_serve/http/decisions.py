@@ -1,7 +1,7 @@
 """``POST /v1/decisions`` (OpenAI's Decisions API, as vLLM 0.33.0 serves it) on the one decision path.
 
 A Decisions question is asked as the CLM question it means, and goes through the same checks, texts, heads,
-caches and metrics as ``/v1/systemone`` (:meth:`ServingStructuredDecisions.score`); only the request and the
+caches and metrics as ``/v1/systemone`` (``ServeRuntime.score``, ``clm.serving.scoring``); only the request and the
 answer shapes are this dialect's (``clm.contract.answers.decisions_answer``):
 
 * ``predicate`` is a noul (its options ``no``, ``yes``; the answer's ``probability`` is P(true));
@@ -24,6 +24,7 @@ from pydantic import ValidationError
 
 from clm.contract.answers import decisions_answer
 from clm.contract.questions import Question, StructuredDecisionError, build_question
+from clm.serving.scoring import Scored
 from clm.texts import to_text
 from clm_http.errors import APIError, vllm_validation_message
 
@@ -39,7 +40,6 @@ from clm_serve.http.decisions_protocol import (
 )
 from clm_serve.http.protocol import random_uuid
 from clm_serve.http.serving import (
-    Scored,
     ServingStructuredDecisions,
     check_encodable,
     check_joint,
@@ -124,8 +124,8 @@ class ServingDecisions:
         request_id = base_id or random_uuid()
         texts = render_state_texts(input_text(request.input), None, questions, self.settings.max_state_chars)
         check_encodable(request_id, questions, texts)  # question ids are list indices: questions.<i>
-        scored = await self.decisions.score(model, questions, texts, temperature=1.0,
-                                            request_id=f"decision-{request_id}")
+        scored = await self.decisions.runtime.score(model, questions, texts, temperature=1.0,
+                                                    request_id=f"decision-{request_id}")
         answers = [make_answer(q, clm.type.name, probs)
                    for q, clm, probs in zip(request.questions, questions, scored.probs)]
         usage = DecisionUsage(input_tokens=scored.input_tokens, output_tokens=0, total_tokens=scored.input_tokens)

@@ -1,7 +1,8 @@
 """Where clm-serve's typed errors become HTTP answers: the one table of status codes of this service.
 
-The runtime and the question types raise errors that know no HTTP; this module maps them, on top of
-``clm_http.errors`` (vLLM's error body; a core error's status from its kind, ``clm.errors.KIND_OUTCOMES``):
+The serving path (``clm.serving``) and the questions (``clm.contract.questions``) raise errors that know no
+HTTP; this module maps them, on top of ``clm_http.errors`` (vLLM's error body; a core error's status from its
+kind, ``clm.errors.KIND_OUTCOMES``: e.g. ``clm.serving.scoring.HeadsNotReady`` -> 503 with ``Retry-After``):
 
 * :class:`~clm.serving.names.UnknownModel` -> 404 ``NotFoundError``, ``param: model`` (vLLM's);
 * :class:`~clm.contract.questions.StructuredDecisionError` -> 400 naming its ``param`` (vLLM's
@@ -10,8 +11,8 @@ The runtime and the question types raise errors that know no HTTP; this module m
 * with ``CLM_SERVE_RESPONSE_MODE=typesafe``, TypeSafe's routes answer TypeSafe's shapes instead
   (:func:`install_response_mode`, ``clm_serve.http.typesafe``).
 
-Conditions only a route can word (no heads loaded yet: 503 naming the model, admin reload's 404/409)
-are raised where they are found as ``clm_http.errors.APIError``.
+Conditions only a route can word (a request body's own rules, admin reload's 404/409) are raised where they
+are found as ``clm_http.errors.APIError``.
 """
 
 from __future__ import annotations

@@ -8,21 +8,16 @@ once, before any work, and reports the version that computed it.
 
 from __future__ import annotations
 
-import logging
 import math
-from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
 
-from clm.contract.answers import RAW_SCALE, systemone_answer  # RAW_SCALE: clm-raw's logits are 100 x cosine
-from clm.contract.names import RAW_MODEL
+from clm.contract.answers import systemone_answer
 from clm.contract.questions import Question, StructuredDecisionError, build_question
-from clm.encoders.base import EncoderChanged, EncoderError, EncoderInputError
 from clm.records import FieldProblem
 from clm.records.model import checked_state
 from clm.serving.loaded_heads import LoadedHeads
-from clm.serving.names import ServedModel
 from clm.serving.service import ServeRuntime
 from clm.texts import join_state, render_state, state_text_tail
 from clm_http.errors import APIError
@@ -38,10 +33,6 @@ from clm_serve.http.protocol import (
     StructuredDecisionResponse,
 )
 from clm_serve.settings import ServeSettings
-
-logger = logging.getLogger(__name__)
-
-RAW_FINGERPRINT = RAW_MODEL  # the system_fingerprint of a clm-raw answer: no heads computed it
 
 
 def parse_questions(request: StructuredDecisionRequest, *, max_questions: int, max_options: int) -> list[Question]:
@@ -125,59 +116,13 @@ def check_joint(joint: bool) -> None:
                                       "joint-schema model", param="joint")
 
 
-@dataclass(frozen=True)
-class Scored:
-    """What every dialect answers from: the model asked for, the heads that computed it (None for
-    ``clm-raw``), the probabilities per question (model-output order) and the state tokens read."""
-
-    model: ServedModel
-    heads: LoadedHeads | None
-    probs: list[list[float]]
-    input_tokens: int
-
-    @property
-    def system_fingerprint(self) -> str:
-        return RAW_FINGERPRINT if self.heads is None else self.heads.system_fingerprint
-
-
 class ServingStructuredDecisions:
-    """The one decision path every dialect goes through: :meth:`score`, then the dialect's answer shape."""
+    """``/v1/systemone`` (and upstream's ``/v1/rank``): checks in vLLM's order, the runtime's one scoring step
+    (``ServeRuntime.score``), then this dialect's answer shape."""
 
     def __init__(self, runtime: ServeRuntime, settings: ServeSettings) -> None:
         self.runtime = runtime
         self.settings = settings  # the HTTP shell's limits (questions, state length); the runtime has its config
-
-    async def score(self, model: ServedModel, questions: list[Question], state_texts: list[str], *,
-                    temperature: float, request_id: str) -> Scored:
-        """The probabilities of ``questions`` (already checked) asked of ``model``, all computed by one heads
-        version: a swap during this request does not change what computes it."""
-        runtime = self.runtime
-        manager = runtime.registry.managers.get(model.served)
-        heads = manager.current if manager is not None else None
-        if runtime.engine is None or (heads is None and not model.is_raw):
-            raise APIError(503, f"no heads are loaded for {model.served}, so no decision can be made yet: "
-                           f"{runtime.model_phase(model.served)}", headers={"Retry-After": "1"})
-        try:
-            if model.is_raw:
-                heads = None
-                decision = await runtime.engine.decide_raw(questions, state_texts, temperature=temperature,
-                                                           scale=RAW_SCALE)
-            else:
-                decision = await runtime.engine.decide(heads, questions, state_texts, temperature=temperature)
-        except EncoderInputError as error:
-            # The refused text is a state text this service rendered: name the client's field, not an index.
-            raise APIError(400, f"the encoder refused a state text: {error.detail}", param="state") from None
-        except EncoderChanged as error:  # vectors of another encoder: never scored; 503 naming both digests
-            logger.warning("request %s: %s", request_id, error)
-            runtime.encoder_changed(error)
-            raise
-        except EncoderError as error:  # answered 503 by clm_http's one mapping; logged with the request id
-            logger.warning("request %s: encoder unavailable: %s", request_id, error)
-            raise
-        for question in questions:
-            runtime.metrics.questions.labels(model.served, question.type.name).inc()
-        runtime.metrics.answers.labels(model.served).inc()
-        return Scored(model=model, heads=heads, probs=decision.probs, input_tokens=decision.input_tokens)
 
     async def create_decision(
         self, request: StructuredDecisionRequest, raw_request: Request | None = None
@@ -195,7 +140,7 @@ class ServingStructuredDecisions:
         check_joint(request.joint)
         texts = render_state_texts(request.state, request.instructions, questions, self.settings.max_state_chars)
         check_encodable(request.request_id, questions, texts)
-        scored = await self.score(model, questions, texts, temperature=temperature, request_id=request_id)
+        scored = await self.runtime.score(model, questions, texts, temperature=temperature, request_id=request_id)
 
         answers: dict[str, dict[str, Any]] = {}
         diagnostics: dict[str, QuestionDiagnostics] = {}
