@@ -18,10 +18,9 @@ The Python and TypeScript SDKs send the same requests: tests/clients/decisions_r
 Answers are compared to 1e-9 between calls that find clm-serve in the same state: each reference answer is the
 SECOND of two identical calls, made one after the other. The first call of a request encodes its option texts
 (then cached) in one encoder batch with its state texts; the padding of that shared batch moves the state
-vectors' last float32 bits (a probability by ~1e-8), and the batch's token count is split between the two by
-characters (``clm.microbatch.split_tokens``), so the first call also reports a few input tokens more or less.
-Later calls encode only their state texts: the same answers and the same usage every time. For the same
-reason ``usage``'s counts are compared only between such later calls.
+vectors' last float32 bits (a probability by ~1e-8). Later calls encode only their state texts: the same answers
+every time. (``usage`` no longer depends on it: a caller of a shared encoder call is billed its own rows' tokens
+when the encoder counts every row, ``clm.encoders.coalescing``.)
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import numpy as np
 import pytest
@@ -143,18 +144,42 @@ def test_through_the_cache_the_refused_index_is_the_callers_own(local, tmp_path)
     assert all(not isinstance(o, BaseException) and o.vectors.shape == (1, local.dim) for o in others), others
 
 
-def test_a_shared_batch_splits_its_tokens_by_one_rule(local):
+class TotalOnlyBackend(CountingBackend):
+    """A backend that reports only its call's token total, as a vLLM server does (no per-row counts)."""
+
+    async def encode(self, texts):
+        result = await super().encode(texts)
+        return dataclasses.replace(result, token_counts=None)
+
+
+def _shared_call(backend, requests):
+    async def run():
+        encoder = CoalescingEncoder(backend, window_ms=20)
+        return await asyncio.gather(*(encoder.encode(t) for t in requests))
+
+    return asyncio.run(run())
+
+
+def test_a_shared_batch_gives_each_caller_its_own_rows_tokens(local):
+    """When the backend counts every row (a local model, the tokenizer-counted embedder client), a caller's
+    usage is its own texts' tokens: the same whoever shared the call (a request's `usage` does not depend on
+    which option texts were still uncached and encoded beside its state texts)."""
+    requests = [["", ""], ["a longer text of several words"], ["x"]]
+    counting = CountingBackend(local)
+    results = _shared_call(counting, requests)
+    assert counting.calls == 1
+    alone = [local.encode_blocking(texts).prompt_tokens for texts in requests]
+    assert [r.prompt_tokens for r in results] == alone
+    assert split_tokens(sum(alone), requests) != alone  # the character rule would have given other numbers
+
+
+def test_a_shared_batch_of_a_total_only_backend_splits_its_tokens_by_one_rule(local):
     """One token split for every batcher (issue 12: one used len(t)+1, the other len(t)): a caller's
     share is proportional to its texts' characters plus one per text, so a caller of empty texts
     (which still cost the special tokens) never reports zero tokens."""
     requests = [["", ""], ["a longer text of several words"], ["x"]]
-    counting = CountingBackend(local)
-
-    async def run():
-        encoder = CoalescingEncoder(counting, window_ms=20)
-        return await asyncio.gather(*(encoder.encode(t) for t in requests))
-
-    results = asyncio.run(run())
+    counting = TotalOnlyBackend(local)
+    results = _shared_call(counting, requests)
     assert counting.calls == 1
     total = local.encode_blocking([t for r in requests for t in r]).prompt_tokens
     assert [r.prompt_tokens for r in results] == split_tokens(total, requests)

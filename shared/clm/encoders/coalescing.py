@@ -76,9 +76,14 @@ class CoalescingEncoder(MicroBatcher[_Call, EncodeResult]):
                 raise EncoderError(f"encoder returned vectors of shape {result.vectors.shape} for {len(texts)} "
                                    f"texts of width {self.dim}")
             counts = result.token_counts
+            # Each caller's own rows' tokens when the backend counted every row (a caller's usage is then the
+            # same whoever shared the call); else the one split rule over the call's total.
+            exact = counts is not None and sum(counts) == result.prompt_tokens
+            shares = None if exact else split_tokens(result.prompt_tokens, members)
             start = 0
-            for position, member, tokens in zip(positions, members, split_tokens(result.prompt_tokens, members)):
+            for index, (position, member) in enumerate(zip(positions, members)):
                 rows = slice(start, start + len(member))
+                tokens = sum(counts[rows]) if exact else shares[index]
                 out[position] = EncodeResult(vectors=result.vectors[rows], prompt_tokens=tokens,
                                              token_counts=None if counts is None else counts[rows])
                 start += len(member)
