@@ -128,7 +128,21 @@ def load_heads(
     except CheckpointError as error:
         raise HeadsRefused(str(error)) from None
     check_compatible(ckpt, encoder, encoder_dim, assumed_encoder)
-    heads = ckpt.to_heads("cpu").eval().requires_grad_(False)
+    return heads_of(ckpt, action_cache=action_cache, assumed_encoder=assumed_encoder)
+
+
+def heads_of(
+    ckpt: LoadedCheckpoint,
+    *,
+    action_cache: ActionCache,
+    assumed_encoder: AssumedEncoder | None = None,
+    device: torch.device | str = "cpu",
+) -> LoadedHeads:
+    """The ``LoadedHeads`` of a checkpoint already read by ``load_checkpoint``, on ``device``. No encoder
+    check here: ``load_heads`` checks before calling it; the in-process ``clm.Engine`` checks once its
+    encoder is known (at the first answer, not at construction, as upstream's Engine never asks the
+    embedder before it is used)."""
+    heads = ckpt.to_heads(device).eval().requires_grad_(False)
     pt_path = ckpt.pt_path
     version, number = version_of(pt_path, ckpt.sha256)
     with torch.inference_mode():
