@@ -29,7 +29,7 @@ import numpy as np
 
 from clm.checkpoint import LATEST_FILE, CheckpointError, check_heads_encoder, load_checkpoint
 from clm.checkpoint.compat import REFERENCE_ENCODER_WIDTH
-from clm.contract.answers import RAW_SCALE, tempered_logits
+from clm.contract.answers import RAW_SCALE, option_logits
 from clm.contract.names import DEFAULT_MODEL, RAW_MODEL
 from clm.engine_embedder import DEFAULT_EMB_MAX_TOKENS, DEFAULT_EMB_MODEL, DEFAULT_EMB_URL, Embedder, embedder_for, l2
 from clm.schema import answer_from_logits, build_pairs, wire_question
@@ -370,7 +370,7 @@ class Engine:
         for i, (qid, (_, keys, texts)) in enumerate(pairs.items()):
             cosine = za[offset:offset + len(texts)] @ zq[i]
             offset += len(texts)
-            answers[qid] = answer_from_logits(wire[qid], keys, tempered_logits(scale * cosine, temperature).tolist())
+            answers[qid] = answer_from_logits(wire[qid], keys, option_logits(scale, cosine, temperature).tolist())
         return {"model": model, "answers": answers,
                 "usage": {"billing_units": len(questions), "input_tokens": sum(tokens), "output_tokens": 0}}
 

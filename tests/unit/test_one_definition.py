@@ -7,7 +7,7 @@ The check reads the code (AST, docstrings and comments excluded), so a copy is c
   ``clm/contract/names.py``;
 * an answer object (a dict literal with ``type`` and ``probabilities``/``probability``/``noul``) built anywhere
   but ``clm/contract/answers.py``;
-* a softmax, tempering or confidence function defined anywhere but ``clm/contract/answers.py``;
+* a softmax, tempering, option-logit or confidence function defined anywhere but ``clm/contract/answers.py``;
 * the noul options spelled out (``("no", "yes")``, ``("false", "true")``) anywhere but
   ``clm/contract/question_types.py``.
 """
@@ -27,7 +27,7 @@ CONTRACT = REPO_ROOT / "shared" / "clm" / "contract"
 MODEL_NAMES = {DEFAULT_MODEL, RAW_MODEL, *DEFAULT_ALIASES} - {"clm"}  # "clm" is also the package's name
 ANSWER_KEYS = {"probabilities", "probability", "noul"}
 NOUL_SPELLINGS = {("no", "yes"), ("yes", "no"), ("false", "true"), ("true", "false")}
-MATHS = re.compile(r"^(softmax|tempered_logits|[a-z_]*confidence)$")
+MATHS = re.compile(r"^(softmax|tempered_logits|option_logits|[a-z_]*confidence)$")
 
 
 def _sources() -> list[Path]:

@@ -50,6 +50,12 @@ def tempered_logits(logits, temperature: float):
         return shifted.astype(np.float64) / temperature
 
 
+def option_logits(scale: float, cosines, temperature: float = 1.0):
+    """A question's option logits, the one formula of every scorer (clm-serve, the in-process Engine, clm-raw):
+    ``scale x cosine(state, option) / temperature`` (numpy or torch; tempered as :func:`tempered_logits`)."""
+    return tempered_logits(scale * cosines, temperature)
+
+
 def argmax(values: Sequence[float]) -> int:
     """The first index of the largest value (ties go to the earlier option, as vLLM's and upstream's)."""
     return max(range(len(values)), key=values.__getitem__)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from clm.contract.answers import tempered_logits
+from clm.contract.answers import option_logits
 from clm.contract.questions import Question
 from clm.encoders.base import EncoderBackend
 from clm.encoders.coalescing import CoalescingEncoder
@@ -75,7 +75,7 @@ class DecisionEngine:
         for i, question in enumerate(questions):
             count = len(question.option_texts)
             with torch.inference_mode():
-                logits = tempered_logits(scale * (options[offset : offset + count] @ states[i]), temperature)
+                logits = option_logits(scale, options[offset : offset + count] @ states[i], temperature)
                 probs.append(torch.softmax(logits.float(), dim=-1).tolist())
             offset += count
         return Decision(probs=probs, input_tokens=tokens)

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from clm.checkpoint import AssumedEncoder, CheckpointError, LoadedCheckpoint, check_heads_encoder, load_checkpoint
-from clm.contract.answers import tempered_logits
+from clm.contract.answers import option_logits
 from clm.encoders.base import EncoderFingerprint
 from clm.heads import CLMHeadPair
 from clm.serving.action_cache import ActionCache
@@ -64,7 +64,7 @@ class LoadedHeads:
                              temperature: float = 1.0) -> list[float]:
         """Softmax over one question's options of ``scale x cosine / temperature`` (both sides are unit
         vectors), computed in float32 like ``clm.evaluation.scoring.score_records``; temperature 1 is the heads' own."""
-        logits = tempered_logits(self.scale * (action_proj @ state_proj), temperature)
+        logits = option_logits(self.scale, action_proj @ state_proj, temperature)
         return torch.softmax(logits.float(), dim=-1).tolist()
 
     def info(self) -> dict:
