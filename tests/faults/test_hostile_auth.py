@@ -27,7 +27,8 @@ from support.trainer import TrainerStack, is_terminal, recipe_config, wait_job, 
 
 TRAINER_TOKEN = "auth-trainer-token-6e0b2d91"
 ADMIN_TOKEN = "auth-admin-token-a47c3f08"
-EXEMPT = {("POST", "/v1/systemone"), ("POST", "/v1/rank"), ("POST", "/v1/embeddings")}
+# decisions and embeddings read, they change nothing (their key is the API key, tested below)
+EXEMPT = {("POST", "/v1/systemone"), ("POST", "/v1/decisions"), ("POST", "/v1/rank"), ("POST", "/v1/embeddings")}
 SERVE_API_KEYS = ("auth-serve-key-1f93c2aa", "auth-serve-key-second-7d01")
 MUTATING = {"post", "put", "patch", "delete"}
 
@@ -215,9 +216,11 @@ def test_serve_api_key_guards_every_v1_route_and_never_leaks(fault_report, tmp_p
         schema = httpx.get(f"{serve.url}/openapi.json", timeout=10).json()
         routes = [(method.upper(), path) for path, item in schema["paths"].items() for method in item
                   if path.startswith("/v1")]
-        assert {("POST", "/v1/systemone"), ("POST", "/v1/rank"), ("GET", "/v1/models"), ("GET", "/v1/heads")} <= \
-            set(routes)
+        assert {("POST", "/v1/systemone"), ("POST", "/v1/decisions"), ("POST", "/v1/rank"), ("GET", "/v1/models"),
+                ("GET", "/v1/heads")} <= set(routes)
         bodies = {"/v1/systemone": {"state": "x", "questions": {"q": {"type": "noul", "instructions": "ok?"}}},
+                  "/v1/decisions": {"model": "clm-latest", "input": "x",
+                                    "questions": [{"type": "predicate", "instructions": "ok?"}]},
                   "/v1/rank": {"context": "x", "question": "which?", "answers": ["a", "b"]}}
         attempts = {**{name: headers for name, (headers, _) in _attempts(key).items()},
                     "admin token": {"Authorization": f"Bearer {ADMIN_TOKEN}"},
