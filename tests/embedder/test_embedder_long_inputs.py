@@ -1,7 +1,8 @@
 """Long inputs: a request asking for truncation has its tokens cut whatever its length, as vLLM does.
 
 ``max_chars_per_input`` (32768) bounds an input sent without ``truncate_prompt_tokens`` only; a request
-with it is bounded by the request body limit (``clm_embedder.app``), the text one request may carry. Here
+with it is bounded by the request body limit (``clm_embedder.app``), the text one request may carry, and each
+of its texts is cut to what its kept tokens can span before a tokenizer reads it. Here
 the embedder (a real process: the tiny Qwen3 in-process, max_tokens 512 like the session vLLM server's
 --max-model-len) gets a 1 MiB body limit, so a body over it is cheap to send. A 53,617-character document
 (a long state, which clm-serve sends with truncation) must embed as its truncated tokens, keyed exactly;
@@ -130,6 +131,28 @@ def test_long_truncated_inputs_are_keyed_exactly(embedder, tokenizer):
     rows = np.concatenate([vectors_of(first), vectors_of(cut), vectors_of(left)])
     similarity = rows @ rows.T / np.outer(np.linalg.norm(rows, axis=1), np.linalg.norm(rows, axis=1))
     assert similarity[np.triu_indices(3, 1)].max() < 0.99  # three cuts, three different vectors
+
+
+def test_the_tokenizer_reads_only_what_truncation_keeps(embedder, tokenizer):
+    """A text asked to be truncated is cut to (kept + 64) x the longest vocabulary entry characters from the
+    kept side before any tokenizer reads it (clm_embedder.inputs): the cut text is the cache key, so two long
+    documents that differ only past the cut are one entry, the vector of the whole text's kept tokens; a
+    difference before the cut is another entry."""
+    from clm_embedder.inputs import CUT_MARGIN_TOKENS
+
+    cut = (MAX_TOKENS + CUT_MARGIN_TOKENS) * max(len(token) for token in tokenizer.get_vocab())
+    doc = document(DOC_CHARS, "cut")
+    assert cut < len(doc)
+    other = doc[:cut] + document(DOC_CHARS - cut, "other")  # the same document up to the cut, another after
+    first = embed(embedder.url, [doc], truncate_prompt_tokens=-1)
+    assert counts(first) == (0, 1)
+    second = embed(embedder.url, [other], truncate_prompt_tokens=-1)
+    assert counts(second) == (1, 0)
+    np.testing.assert_array_equal(vectors_of(second), vectors_of(first))
+    whole = embed(embedder.url, [kept_tokens(tokenizer, other, MAX_TOKENS)])  # tokenized whole, then cut
+    assert cosines(vectors_of(second), vectors_of(whole)).min() > 0.99999
+    assert second.json()["usage"]["prompt_tokens"] == MAX_TOKENS
+    assert counts(embed(embedder.url, ["X" + doc[1:]], truncate_prompt_tokens=-1)) == (0, 1)
 
 
 def test_without_truncation_a_long_input_is_refused_naming_it(embedder):

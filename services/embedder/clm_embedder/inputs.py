@@ -72,8 +72,8 @@ async def resolve_inputs(body: PoolingRequestBase, state: EmbedderState) -> Reso
     else:
         # A request asking for truncation has its tokens cut, as vLLM cuts them, whatever its length: a
         # per-input character bound would refuse, before any token is cut, a long document vLLM answers 200
-        # (clm-serve always truncates). Its inputs are bounded by the request body limit (clm_embedder.app),
-        # the text one request may carry, so the tokenizing work per request stays bounded as before.
+        # (clm-serve always truncates). Such a text is cut to what its kept tokens can span before it is
+        # tokenized (_cut_past_truncation, below); the request body limit (clm_embedder.app) bounds the rest.
         keys, token_ids = _plain_inputs(body, settings.max_chars_per_input if truncation is None else None)
         special = body.add_special_tokens is not False
     if not keys:
@@ -86,6 +86,8 @@ async def resolve_inputs(body: PoolingRequestBase, state: EmbedderState) -> Reso
         truncation_side=body.truncation_side if truncation is not None else None,
         add_special_tokens=special, pad_to_max=body.padding == "max_length", normalize=body.use_activation,
         token_ids=token_ids, cache_salt=_salt_mark(body.cache_salt))
+    if truncation is not None and not token_ids and state.tokenizer is not None:
+        keys = await _cut_past_truncation(keys, options, limit, state)
     if token_ids and truncation is None:
         for key in keys:
             count = key.count(",") + 1
@@ -94,6 +96,30 @@ async def resolve_inputs(body: PoolingRequestBase, state: EmbedderState) -> Reso
     elif not token_ids and truncation is None and state.tokenizer is not None:
         await _check_characters(keys, limit, state)
     return ResolvedInputs(keys=keys, options=options, strict=truncation is None)
+
+
+# Tokens a cut text keeps beyond what the truncation keeps: the words at the cut (whose tokens a cut may change)
+# stay this many tokens away from the last kept token.
+CUT_MARGIN_TOKENS = 64
+
+
+async def _cut_past_truncation(texts: list[str], options: EncodeOptions, limit: int,
+                               state: EmbedderState) -> list[str]:
+    """A text asked to be truncated, cut to what its kept tokens can span (plus a margin) before any tokenizer
+    reads it: ``(kept + CUT_MARGIN_TOKENS) x the longest vocabulary entry`` characters from the kept side, as
+    vLLM 0.32 cuts before tokenizing. Its kept tokens, so its vector and usage, are the same as the whole
+    text's; the tokenizer's work per input is bounded by the model's length instead of by the body limit; and
+    the cut text is the cache key (long texts that share the kept part share one entry, as they share a vector).
+    """
+    per_token = await state.tokenizer.max_chars_per_token()
+    if per_token is None:  # a vLLM tokenizer: vLLM cuts and tokenizes the text itself
+        return texts
+    kept = options.max_tokens if options.max_tokens is not None else limit
+    cut = (kept + CUT_MARGIN_TOKENS) * per_token
+    if all(len(text) <= cut for text in texts):
+        return texts
+    side = options.truncation_side or await state.tokenizer.truncation_side()
+    return [text if len(text) <= cut else (text[-cut:] if side == "left" else text[:cut]) for text in texts]
 
 
 async def _check_characters(texts: list[str], limit: int, state: EmbedderState) -> None:

@@ -70,7 +70,7 @@ class EmbedderSettings(ServiceSettings):
     shared_cache_store_concurrency: int = Field(32, ge=1, description="Object-store requests (one per entry) in flight at once for the shared tier.")
 
     max_inputs_per_request: int = Field(2048, ge=1, description="More inputs in one request get 413.")
-    max_chars_per_input: int = Field(32768, ge=1, description="A longer text input sent without `truncate_prompt_tokens` gets 413 (naming the input). A request with `truncate_prompt_tokens` has its tokens cut whatever its length, as vLLM does: its inputs are bounded by the request body limit only (`max_inputs_per_request` inputs of this many characters, at most `max_body_bytes`), the text one request may carry either way.")
+    max_chars_per_input: int = Field(32768, ge=1, description="A longer text input sent without `truncate_prompt_tokens` gets 413 (naming the input). A request with `truncate_prompt_tokens` has its tokens cut whatever its length, as vLLM does: each text is first cut to (kept tokens + 64) x the longest vocabulary entry characters (what its kept tokens can span), and the request is bounded by the body limit (`max_inputs_per_request` inputs of this many characters, at most `max_body_bytes`).")
     max_in_flight_requests: int = Field(16, ge=1, description="Requests processed at once; more get 503 with Retry-After.")
     retry_after_s: int = Field(1, ge=1, description="Retry-After seconds sent with 429/503.")
 

@@ -127,6 +127,10 @@ class Tokenizer:
     async def length_refusal(self, text: str) -> tuple[str, str | None] | None:
         return None  # the character and token checks are made here (clm_embedder.inputs)
 
+    async def truncation_side(self) -> str:
+        """The side the model's tokenizer cuts when a truncation names none (``right``: the start is kept)."""
+        return await self._run(lambda: self.hf.truncation_side)
+
     async def max_chars_per_token(self) -> int | None:
         """The longest vocabulary entry (vLLM bounds a text's characters by it times the maximum length)."""
         if self._max_chars_per_token is None:
