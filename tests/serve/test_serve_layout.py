@@ -88,3 +88,24 @@ def test_clm_serve_is_an_http_shell():
     modules = sorted(str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py"))
     assert [m for m in modules if not m.startswith("http/")] == [
         "__init__.py", "__main__.py", "cli.py", "settings.py"], modules
+
+
+def test_importing_the_serving_path_loads_no_web_framework_and_no_service():
+    """The same, transitively (through clm's other modules too): the serving path loads without FastAPI,
+    Starlette or any service package."""
+    names = sorted(serving_closure())
+    code = (f"import importlib, sys\nfor name in {names!r}: importlib.import_module(name)\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'fastapi', 'starlette', 'clm_serve', "
+            "'clm_embedder', 'clm_trainer', 'clm_http'}))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_the_http_layer_is_where_clm_serve_knows_fastapi():
+    """Everything of clm_serve that knows FastAPI is in clm_serve.http (the entry point builds the app from there)."""
+    outside = {str(path.relative_to(PACKAGE)): found for path in sorted(PACKAGE.rglob("*.py"))
+               if "http" not in path.relative_to(PACKAGE).parts
+               and (found := [m for m in imported_modules(path.read_text(), "clm_serve._")
+                              if m.split(".")[0] in ("fastapi", "starlette")])}
+    assert not outside, f"only clm_serve.http imports FastAPI/Starlette: {outside}"
