@@ -20,8 +20,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from clm.contract.answers import RAW_SCALE, softmax, tempered_logits, upstream_answer
+from clm.contract.answers import softmax, upstream_answer
 from clm.contract.answers import typesafe_confidence as confidence
+# Still importable from here, where they lived before clm.contract (not upstream's names; nothing here uses them).
+from clm.contract.answers import RAW_SCALE, tempered_logits  # noqa: F401
 from clm.contract.question_types import NOUL_TEXT_KEYS, QUESTION_TYPES
 from clm.texts import as_question, option_texts, state_text, to_text
 

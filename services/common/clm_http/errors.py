@@ -10,7 +10,7 @@ import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from clm.errors import BAD_INPUT, KIND_OUTCOMES, SATURATED, KindedError
@@ -35,7 +35,7 @@ class APIError(Exception):
         self.err_type = err_type or _TYPES.get(status, "InternalServerError" if status >= 500 else "BadRequestError")
 
 
-def _printable(text: str | None) -> str | None:
+def printable(text: str | None) -> str | None:
     """``text`` encodable as UTF-8: messages quote client input, which may hold lone surrogates
     (JSON ``\\ud800`` escapes); left as is, they would turn the error response itself into a 500."""
     if text is None:
@@ -44,13 +44,19 @@ def _printable(text: str | None) -> str | None:
 
 
 def error_body(status: int, message: str, param: str | None = None, err_type: str | None = None) -> dict:
-    return {"error": {"message": _printable(message), "type": err_type or _TYPES.get(status, "InternalServerError"),
-                      "param": _printable(param), "code": status}}
+    return {"error": {"message": printable(message), "type": err_type or _TYPES.get(status, "InternalServerError"),
+                      "param": printable(param), "code": status}}
 
 
 def error_response(status: int, message: str, *, param: str | None = None, headers: dict[str, str] | None = None,
                    err_type: str | None = None) -> JSONResponse:
     return JSONResponse(error_body(status, message, param, err_type), status_code=status, headers=headers)
+
+
+def with_json_body(response: Response, body: object, status: int | None = None) -> JSONResponse:
+    """``response`` with another JSON body (and ``status``), its other headers (``Retry-After``, ...) kept."""
+    headers = {k: v for k, v in response.headers.items() if k.lower() not in ("content-length", "content-type")}
+    return JSONResponse(body, status_code=response.status_code if status is None else status, headers=headers)
 
 
 def describe_validation_error(exc: RequestValidationError) -> tuple[str, str | None]:

@@ -167,11 +167,11 @@ class ServeSettings(ServiceSettings):
         """``models`` as {name: path}, in the order given (a later entry for a name wins)."""
         return parse_named_paths(self.models)
 
-    def published_names(self) -> list[str] | None:
+    def published_names(self) -> tuple[str, ...] | None:
         """``published_models`` as names; None for ``*`` (every published name)."""
         if self.published_models.strip() == "*":
             return None
-        return [name for name in dict.fromkeys(n.strip() for n in self.published_models.split(",")) if name]
+        return tuple(name for name in dict.fromkeys(n.strip() for n in self.published_models.split(",")) if name)
 
     def assumed_encoder(self) -> AssumedEncoder:
         """What heads without an encoder fingerprint (upstream-format files) are checked against."""
@@ -185,7 +185,7 @@ class ServeSettings(ServiceSettings):
             served_model_name=self.served_model_name,
             served_model_aliases=tuple(name.strip() for name in self.served_model_aliases.split(",")),
             ckpt=self.ckpt, checkpoint_root=self.checkpoint_root, heads_name=self.heads_name,
-            published_models=None if (names := self.published_names()) is None else tuple(names), ckpt_dir=self.ckpt_dir, models=self.extra_models(),
+            published_models=self.published_names(), ckpt_dir=self.ckpt_dir, models=self.extra_models(),
             max_models=self.max_models, store_cache_dir=self.store_cache_dir, assumed_encoder=self.assumed_encoder(),
             watch=self.watch, poll_interval_s=self.poll_interval_s,
             embedder_url=self.embedder_url, embedder_api_key=self.embedder_api_key.get_secret_value(),

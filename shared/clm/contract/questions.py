@@ -52,7 +52,7 @@ from clm.records.questions import ChoiceQuestion as RecordChoice
 from clm.records.questions import NoulQuestion as RecordNoul
 from clm.records.questions import Question as QuestionModel
 from clm.records.questions import ScoreQuestion as RecordScore
-from clm.texts import as_question, option_texts, to_text
+from clm.texts import as_question, option_texts
 
 
 class StructuredDecisionError(ValueError):

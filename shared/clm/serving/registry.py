@@ -95,7 +95,7 @@ def published_sources(config: ServingConfig, root: PublishedRoot, taken: set[str
     in, in name order. Blocking: ``*`` lists the folder or the bucket prefix once (one level); a name not
     served yet is then looked up (a HEAD of its ``latest`` in a bucket), a served one costs nothing more."""
     wanted = config.published_models
-    if wanted == []:
+    if wanted == ():  # none asked for (None is every one)
         return []
     try:
         candidates = root.names() if wanted is None else wanted

@@ -50,7 +50,7 @@ def create_app(settings: ServeSettings | None = None, *, encoder: EncoderBackend
     app.state.runtime = runtime
     app.state.settings = settings
     app.state.serving = ServingStructuredDecisions(runtime, settings)
-    app.state.decisions = ServingDecisions(app.state.serving)  # /v1/decisions, on the same path
+    app.state.decisions = ServingDecisions(runtime, settings)  # /v1/decisions, on the same scoring step
     install_serve_error_handlers(app)  # vLLM's error bodies, this service's typed errors mapped (http.errors)
     app.include_router(router)
     if settings.playground:  # the web page at / (CLM_SERVE_PLAYGROUND=false: / is 404)

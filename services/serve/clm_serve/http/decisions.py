@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from clm.contract.answers import decisions_answer
 from clm.contract.questions import Question, StructuredDecisionError, build_question
 from clm.serving.scoring import Scored
+from clm.serving.service import ServeRuntime
 from clm.texts import to_text
 from clm_http.errors import APIError, vllm_validation_message
 
@@ -39,12 +40,8 @@ from clm_serve.http.decisions_protocol import (
     unreadable_input,
 )
 from clm_serve.http.protocol import random_uuid
-from clm_serve.http.serving import (
-    ServingStructuredDecisions,
-    check_encodable,
-    check_joint,
-    render_state_texts,
-)
+from clm_serve.http.serving import check_encodable, check_joint, render_state_texts
+from clm_serve.settings import ServeSettings
 
 # vLLM's error type for a request that fails its schema (``validate_json_request`` and the validation handler)
 SCHEMA_ERROR = "Bad Request"
@@ -106,15 +103,16 @@ def make_answer(question: DecisionQuestion, kind: str, probs: list[float]) -> di
 
 
 class ServingDecisions:
-    """OpenAI's Decisions API over :class:`ServingStructuredDecisions` (the same heads, caches and metrics)."""
+    """OpenAI's Decisions API on the runtime's one scoring step (the same heads, caches and metrics as
+    ``/v1/systemone``), within the same limits of this service's settings."""
 
-    def __init__(self, decisions: ServingStructuredDecisions) -> None:
-        self.decisions = decisions
-        self.settings = decisions.settings
+    def __init__(self, runtime: ServeRuntime, settings: ServeSettings) -> None:
+        self.runtime = runtime
+        self.settings = settings
 
     async def create(self, request: DecisionRequest, raw_request: Request | None = None
                      ) -> tuple[DecisionResponse, Scored]:
-        model = self.decisions.runtime.registry.resolve(request.model)
+        model = self.runtime.registry.resolve(request.model)
         if len(request.questions) > self.settings.max_questions:
             raise StructuredDecisionError(f"questions: at most {self.settings.max_questions} for this model",
                                           param="questions")
@@ -124,8 +122,8 @@ class ServingDecisions:
         request_id = base_id or random_uuid()
         texts = render_state_texts(input_text(request.input), None, questions, self.settings.max_state_chars)
         check_encodable(request_id, questions, texts)  # question ids are list indices: questions.<i>
-        scored = await self.decisions.runtime.score(model, questions, texts, temperature=1.0,
-                                                    request_id=f"decision-{request_id}")
+        scored = await self.runtime.score(model, questions, texts, temperature=1.0,
+                                          request_id=f"decision-{request_id}")
         answers = [make_answer(q, clm.type.name, probs)
                    for q, clm, probs in zip(request.questions, questions, scored.probs)]
         usage = DecisionUsage(input_tokens=scored.input_tokens, output_tokens=0, total_tokens=scored.input_tokens)

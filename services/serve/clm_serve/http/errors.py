@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse
 
 from clm.contract.questions import StructuredDecisionError
 from clm.serving.names import UnknownModel
-from clm_http.errors import error_response, install_error_handlers
+from clm_http.errors import error_response, install_error_handlers, with_json_body
 
 from clm_serve.http.typesafe import TypeSafeMiddleware, typesafe_handler
 
@@ -83,8 +83,6 @@ def _with_detail(handler):
                 return response
             message = body.get("error", {}).get("message") if isinstance(body, dict) else None
             if isinstance(message, str) and "detail" not in body:
-                headers = {k: v for k, v in response.headers.items()
-                           if k.lower() not in ("content-length", "content-type")}
-                return JSONResponse({**body, "detail": message}, status_code=response.status_code, headers=headers)
+                return with_json_body(response, {**body, "detail": message})
         return response
     return wrapped

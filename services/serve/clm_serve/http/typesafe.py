@@ -32,6 +32,8 @@ from fastapi.exceptions import RequestValidationError
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from clm_http.errors import printable, with_json_body
+
 DECISION_PATH = "/v1/systemone"
 #: TypeSafe's routes: its decisions and its model list (whose ``models`` list is already TypeSafe's).
 TYPESAFE_PATHS = frozenset({DECISION_PATH, "/v1/models"})
@@ -87,9 +89,9 @@ def typesafe_decision(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def _text(value: Any) -> Any:
-    """A string encodable as UTF-8 (a question id may hold a lone surrogate, from a JSON ``\\ud800`` escape,
-    which would turn the error body itself into a 500, as ``clm_http.errors`` guards its messages)."""
-    return value.encode("utf-8", "backslashreplace").decode("utf-8") if isinstance(value, str) else value
+    """A string made encodable as UTF-8 (``clm_http.errors.printable``: a question id may hold a lone surrogate),
+    anything else as it is."""
+    return printable(value) if isinstance(value, str) else value
 
 
 def error_type(status: int) -> str:
@@ -135,8 +137,7 @@ def _reshaped_error(response: Response) -> Response:
         return response
     if shaped is None:
         return response
-    headers = {k: v for k, v in response.headers.items() if k.lower() not in ("content-length", "content-type")}
-    return JSONResponse(shaped[1], status_code=shaped[0], headers=headers)
+    return with_json_body(response, shaped[1], shaped[0])
 
 
 Handler = Callable[[Request, Exception], Response | Awaitable[Response]]
