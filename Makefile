@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 PYTEST := .venv/bin/pytest
 
-.PHONY: setup lock test test-compose lint-deploy test-fast test-faults demo bench-loss bench-embedder bench-trainer bench-serve bench-scale bench-fleet clean
+.PHONY: setup lock test test-compose lint-deploy test-fast test-faults demo bench-loss bench-embedder bench-trainer bench-serve bench-calibration bench-decision-log bench-promotion bench-scale bench-fleet clean
 
 setup:
 	bash scripts/setup.sh
@@ -39,6 +39,15 @@ bench-trainer:
 
 bench-serve:
 	$(PY) bench/bench_serve.py
+
+bench-decision-log:  ## clm-serve p50 with the decision log on / off, export rate at 10^6 logged decisions, the review queue's gain per label; ~6 min
+	$(PY) bench/bench_decision_log.py
+
+bench-promotion:  ## live p50 with shadow scoring on ÷ off, the gate's time on 2,000 golden records, labelled decisions to roll back a canary 10 points worse; ~2 min
+	$(PY) bench/bench_promotion.py
+
+bench-calibration:  ## calibration, certified rules and never-worse-than-raw, on the bundled and two generated data sets; ~6-10 min
+	$(PY) bench/bench_calibration.py
 
 bench-scale:  ## the data path at 10^4..10^6 records (load, texts, table, training, eval, RssAnon); ~3-6 min
 	$(PY) bench/bench_scale.py

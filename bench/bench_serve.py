@@ -53,6 +53,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,11 +123,12 @@ def local_fingerprint() -> EncoderFingerprint:
                                      max_tokens=MINILM_MAX_TOKENS, model_name=MINILM_NAME)
 
 
-def publish(root: Path, seed: int, fingerprint: EncoderFingerprint, encoder_dim: int, name: str = HEADS_NAME):
+def publish(root: Path, seed: int, fingerprint: EncoderFingerprint, encoder_dim: int, name: str = HEADS_NAME,
+            promote: bool = True):
     heads = CLMHeadPair(HeadConfig(hidden_size=encoder_dim), seed=seed)  # production head shape (width 2048, 512)
     with torch.no_grad():
         heads.logit_scale.fill_(3.0)
-    return publish_checkpoint(root, name, heads, fingerprint, metrics={"seed": seed})
+    return publish_checkpoint(root, name, heads, fingerprint, metrics={"seed": seed}, promote=promote)
 
 
 def publish_both(root: Path, seed: int, fingerprint: EncoderFingerprint, encoder_dim: int) -> dict[str, str]:
@@ -414,6 +416,43 @@ def _start_upstream(stack: Stack, log_dir: Path, ckpt: Path, cache: str | None, 
 def _wait_ready(url: str, timeout: float = 180.0) -> None:
     """Until clm-serve has loaded its heads (``/health`` turns 200)."""
     wait_until(lambda: http_ok(f"{url}/health", timeout=5), timeout, interval=0.2, what=f"clm-serve at {url} ready")
+
+
+@contextmanager
+def two_serves(work: Path, envs: dict[str, dict[str, str]], candidate: bool = False) -> Iterator[dict[str, str]]:
+    """One embedder (MiniLM), heads v0001 published for it (and a candidate v0002 above them: ``candidate``), and
+    one clm-serve per ``envs`` entry (its name -> its extra environment) on those heads and that embedder, each
+    ready; yields their URLs by name, stops everything after. What a side-by-side cost of one setting runs on."""
+    services = []
+    try:
+        embedder = start_embedder(work / "logs", cache_dir=work / "embedder-cache",
+                                  extra_env={"CLM_EMBEDDER_LOG_LEVEL": "warning"})
+        services.append(embedder)
+        identity = httpx.get(f"{embedder.url}/v1/encoder", timeout=30).json()
+        fingerprint = EncoderFingerprint.from_dict(identity["fingerprint"])
+        publish(work / "checkpoints", 1, fingerprint, identity["dim"])
+        if candidate:
+            publish(work / "checkpoints", 2, fingerprint, identity["dim"], promote=False)
+        urls = {}
+        for name, extra in envs.items():
+            serve = start_serve(work / "logs", checkpoint_root=work / "checkpoints", heads_name=HEADS_NAME,
+                                embedder_url=embedder.url, extra_env={"CLM_SERVE_LOG_LEVEL": "warning",
+                                                                      "OMP_NUM_THREADS": "1", **extra})
+            services.append(serve)
+            _wait_ready(serve.url)
+            urls[name] = serve.url
+        yield urls
+    finally:
+        for service in reversed(services):
+            service.stop()
+
+
+def interleaved(urls: dict[str, str], rounds: int) -> dict[str, dict]:
+    """One client, ``rounds`` rounds of one request per server in a shuffled order, a new state every request
+    (each side's own pool of states, told apart by first letter, so neither hits the other's cache)."""
+    sides = [Side(name, url, pool) for (name, url), pool in zip(urls.items(), ("x", "y"))]
+    asyncio.run(_warm(sides))
+    return asyncio.run(one_client(sides, rounds))
 
 
 async def _warm(sides: list[Side], rounds: int = 8) -> None:

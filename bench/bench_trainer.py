@@ -238,7 +238,7 @@ def bench_training(
     def trainer(fused: bool) -> tuple[Callable[[], None], list[float], list[dict[str, float]]]:
         heads = CLMHeadPair(head_config, seed=cfg.heads.seed).to(device).train()
         objective = DecisionObjective(
-            cfg.loss.decision_loss_config(), table, device, cfg.loss.question_weights, None,
+            cfg.loss, table, device, None,
             torch.Generator().manual_seed(cfg.train.seed + 1),
         )
         phase_log: list[dict[str, float]] = []

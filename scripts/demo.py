@@ -7,7 +7,13 @@
    following each job's events with a progress display.
 3. Prints the before/after table and the HTML report's path, shows clm-serve
    picking up each published version, and answers one ``/v1/systemone``.
-4. Stops everything it started (also on Ctrl-C). Data, caches and
+4. Closes the loop production needs: clm-serve logs every decision
+   (``CLM_SERVE_DECISION_LOG``); the validation and test states are asked as
+   live traffic, their gold answers fed back by decision id
+   (``POST /v1/feedback``), and a job trained on that window of the log
+   (``data.log``: the trainer makes the records, as ``clm records from-log``
+   does, and the version records its lineage); its version is served.
+5. Stops everything it started (also on Ctrl-C). Data, caches and
    checkpoints stay in ``<workdir>``: a second run embeds 0 texts.
 
 The last line printed is one JSON object (jobs, versions, texts embedded,
@@ -18,15 +24,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import signal
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import httpx
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from clm.records import load_records
 from clm.report.tables import print_report_tables
 from clm_devtools.devstack import Service, start_embedder, start_serve, start_trainer_api, start_trainer_worker
 from clm_devtools.procs import ManagedProcess, start_redis
@@ -38,7 +47,8 @@ console = Console(stderr=True)
 
 def headline_figures(report: dict) -> dict:
     """Per split and scope (overall, seen / unseen question ids): accuracy and expected reward of every
-    predictor, and each heads - baseline / after - before difference with its interval (the README quotes these)."""
+    predictor, and each heads - baseline / after - before difference with its interval (docs/training.md
+    quotes them)."""
     figures: dict = {}
     for split in ("validation", "test"):
         groups = ((report.get("generalisation") or {}).get(split) or {}).get("groups") or {}
@@ -93,8 +103,11 @@ class Demo:
         console.print("workers      2")
         self.services["serve"] = start_serve(self.logs, checkpoint_root=self.checkpoints, heads_name=HEADS_NAME,
                                              embedder_url=self.services["embedder"].url,
-                                             extra_env={"CLM_SERVE_POLL_INTERVAL_S": "0.5"})
+                                             extra_env={"CLM_SERVE_POLL_INTERVAL_S": "0.5",
+                                                        "CLM_SERVE_DECISION_LOG": str(self.decision_log),
+                                                        "CLM_SERVE_DECISION_LOG_FLUSH_INTERVAL_S": "0.5"})
         console.print(f"clm-serve    {self.services['serve'].url}  (watching {self.checkpoints / HEADS_NAME})")
+        console.print(f"decision log {self.decision_log}")
         console.print(f"logs         {self.logs}")
 
     def stop(self) -> None:
@@ -109,13 +122,23 @@ class Demo:
 
     @property
     def data_root(self) -> Path:
-        return self.args.data.resolve().parent
+        """The trainer's data root: the given records (copied in) and clm-serve's decision log."""
+        return self.work / "data"
+
+    @property
+    def data(self) -> Path:
+        return self.data_root / "given"
+
+    @property
+    def decision_log(self) -> Path:
+        """clm-serve's decision log, in the trainer's data root: a job may name a window of it as its data."""
+        return self.data_root / "decision-log"
 
     # ---- jobs ----------------------------------------------------------------------------
 
     def config(self, changes: dict[str, object] | None = None) -> dict:
         """The demo's recipe config, with ``{"section.key": value}`` changes (like ``clm train --a.b v``)."""
-        data = self.args.data.resolve()
+        data = self.data
         config = {
             "mode": "train",
             "data": {split: str(data / f"{split}.jsonl") for split in ("train", "validation", "test")},
@@ -181,6 +204,7 @@ class Demo:
     # ---- the story -----------------------------------------------------------------------
 
     def run(self) -> dict:
+        shutil.copytree(self.args.data.resolve(), self.data, dirs_exist_ok=True)
         self.start()
         jobs: dict[str, str] = {}
         console.rule("[bold]post-training through the jobs API")
@@ -195,8 +219,7 @@ class Demo:
         rl = self.run_job("rl", self.config({"heads.init_checkpoint": sft["result"]["checkpoint"]["path"],
                                              "loss.mode": "rl", "train.eval_metric": "expected_reward"}))
         jobs["rl"] = rl["status"]
-        latest = version_number(rl["result"]["checkpoint"]["version"])
-        served = self.wait_served(latest)
+        self.wait_served(version_number(rl["result"]["checkpoint"]["version"]))
 
         sft_report = self.print_report("sft (from InfoNCE heads): before / after, baselines, seen vs unseen questions", sft)
         rl_report = self.print_report("rl (from SFT heads): before / after, baselines, seen vs unseen questions", rl)
@@ -205,11 +228,65 @@ class Demo:
 
         console.rule("[bold]one /v1/systemone answer from the latest heads")
         self.ask_serve()
+
+        console.rule("[bold]production teaches the heads: decisions logged, outcomes fed back, records, a new version")
+        loop = self.close_the_loop(rl["result"]["checkpoint"]["path"])
+        jobs["from-log"] = loop.pop("job")
+        latest = loop["version"]
         stats = httpx.get(f"{self.services['embedder'].url}/v1/cache/stats", timeout=10).json()
         heads = httpx.get(f"{self.services['serve'].url}/v1/heads", timeout=10).json()
         return {"jobs": jobs, "heads_version_latest": latest, "heads_version_served": version_number(heads["version"]),
-                "texts_embedded": stats["backend_texts_encoded"], "report": report_html,
+                "texts_embedded": stats["backend_texts_encoded"], "report": report_html, "loop": loop,
                 "figures": {"sft": headline_figures(sft_report), "rl": headline_figures(rl_report)}}
+
+    def close_the_loop(self, init: str) -> dict:
+        """Ask every validation and test state as live traffic, feed back their gold answers by decision id,
+        make records from the log, train on them (from the served heads) and serve the result."""
+        serve = self.services["serve"].url
+        since = datetime.now(timezone.utc)  # this run's decisions: an earlier run's log asked the same states
+        feedback, asked = [], 0
+        for split in ("validation", "test"):
+            for record in load_records(self.data / f"{split}.jsonl"):
+                body = {"state": record.state, "questions": {qid: q.model_dump(mode="json", exclude_none=True)
+                                                             for qid, q in record.questions.items()}}
+                if record.instructions is not None:
+                    body["instructions"] = record.instructions
+                response = httpx.post(f"{serve}/v1/systemone", json=body, timeout=60)
+                response.raise_for_status()
+                asked += 1
+                decision_id = response.headers["X-CLM-Decision-Id"]
+                feedback += [{"decision_id": decision_id, "question": target.question_id,
+                              "label": target.option_ids[target.label], "source": "demo gold answers"}
+                             for target in record.decision_questions() if target.label >= 0]
+        for start in range(0, len(feedback), 500):
+            httpx.post(f"{serve}/v1/feedback", json=feedback[start:start + 500], timeout=60).raise_for_status()
+        console.print(f"clm-serve    answered {asked} decisions; {len(feedback)} outcomes fed back by decision id")
+        self.wait_logged(asked)
+        # the job names the log window as its data: the trainer exports it (clm records from-log's rules) and the
+        # version records the window and the record-set hash (its lineage, in /v1/heads and the report)
+        window = {"location": str(self.decision_log), "since": since.isoformat()}
+        changes = {"heads.init_checkpoint": init, "output.name": HEADS_NAME, "data": {"log": window},
+                   # 80 decisions give about 8 validation records: too few to calibrate on
+                   "calibration.enabled": False}
+        job = self.run_job("from-log", self.config(changes))
+        lineage = httpx.get(f"{self.services['trainer'].url}/jobs/{job['id']}/report", timeout=30).json()["lineage"]
+        console.print(f"records      {lineage['records']} made by the job from the log window {lineage['since']} .. "
+                      f"{lineage['until']} (record-set hash {lineage['record_set_sha256'][:12]})")
+        version = self.wait_served(version_number(job["result"]["checkpoint"]["version"]))
+        return {"job": job["status"], "decisions_asked": asked, "feedback_items": len(feedback),
+                "records": lineage["records"], "record_set_sha256": lineage["record_set_sha256"], "version": version}
+
+    def wait_logged(self, count: int) -> None:
+        """Until clm-serve's decision log has written ``count`` decisions (it flushes every 0.5 s here)."""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            metrics = httpx.get(f"{self.services['serve'].url}/metrics", timeout=10).text
+            written = next((float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                            if line.startswith("clm_serve_decision_log_written_total ")), 0.0)
+            if written >= count:
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"the decision log did not write {count} decisions within 60 s")
 
     def print_report(self, title: str, job: dict) -> dict:
         """The job's report as the report's own tables: heads vs baselines, intervals, seen vs unseen questions."""
@@ -220,9 +297,9 @@ class Demo:
 
     def ask_serve(self) -> None:
         """Ask the first test record with a question id training never contained (else the first record)."""
-        trained = {qid for line in (self.args.data / "train.jsonl").read_text().splitlines()
+        trained = {qid for line in (self.data / "train.jsonl").read_text().splitlines()
                    for qid in json.loads(line)["questions"]}
-        records = [json.loads(line) for line in (self.args.data / "test.jsonl").read_text().splitlines()]
+        records = [json.loads(line) for line in (self.data / "test.jsonl").read_text().splitlines()]
         record = next((r for r in records if set(r["questions"]) - trained), records[0])
         request = {"state": record["state"], "questions": record["questions"], "request_id": "demo-1"}
         response = httpx.post(f"{self.services['serve'].url}/v1/systemone", json=request, timeout=60)

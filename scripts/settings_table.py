@@ -1,9 +1,9 @@
-"""Print the README's configuration tables from the services' settings classes.
+"""Print the configuration tables of docs/configuration.md from the services' settings classes.
 
-``python scripts/settings_table.py`` prints them; ``--check README.md`` exits
-non-zero when the README's copy (between the ``<!-- settings:begin -->`` and
+``python scripts/settings_table.py`` prints them; ``--check docs/configuration.md`` exits
+non-zero when the page's copy (between the ``<!-- settings:begin -->`` and
 ``<!-- settings:end -->`` markers) differs, which a unit test runs, so the
-README cannot drift from the code; ``--write README.md`` refreshes it.
+page cannot drift from the code; ``--write docs/configuration.md`` refreshes it.
 """
 
 from __future__ import annotations
@@ -64,13 +64,18 @@ def _section(text: str) -> tuple[int, int]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--check", type=Path)
-    group.add_argument("--write", type=Path)
+    group.add_argument("--check", type=Path, metavar="PAGE",
+                       help="exit 1 when PAGE's tables (docs/configuration.md) are stale")
+    group.add_argument("--write", type=Path, metavar="PAGE", help="rewrite PAGE's tables (docs/configuration.md)")
     args = parser.parse_args()
     table = "\n" + render()
     if args.check or args.write:
         path = args.check or args.write
         text = path.read_text()
+        if BEGIN not in text or END not in text:
+            print(f"{path}: no {BEGIN} ... {END} section (the tables are in docs/configuration.md)",
+                  file=sys.stderr)
+            return 1
         start, end = _section(text)
         if args.write:
             path.write_text(text[:start] + table + text[end:])

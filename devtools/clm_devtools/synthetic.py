@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import os
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -200,39 +200,54 @@ def generate_soc_triage_samples(
 
     ``include_held_out`` lets records ask the held-out question variants (every split but ``train``).
     """
-    if n_records < 0:
-        raise ValueError(f"n_records must be >= 0, got {n_records}")
-    if not 0.0 <= label_noise < 1.0:
-        raise ValueError(f"label_noise must be in [0, 1), got {label_noise}")
+    check_sample_arguments(n_records, label_noise)
     rng = random.Random(f"soc-triage/{seed}")  # str seeds hash with sha512: stable across processes
     samples = []
     for index in range(n_records):
         alert = _sample_alert(rng)
-        clean_by_family = clean_answers(alert)
-        asked = [(family, rng.choice(variants_for(family, include_held_out))) for family in FAMILIES]
-        questions, answers, rewards, clean = {}, {}, {}, {}
-        for family, variant in asked:
-            qid = variant.question_id
-            label = _noisy(clean_by_family[family.name], OPTION_COUNTS[family.name], label_noise, rng)
-            questions[qid] = family.question(variant)
-            answers[qid] = _answer(family, variant, label, rng)
-            rewards[qid] = dict(zip(family.option_ids(variant), _family_rewards(family, clean_by_family[family.name])))
-            clean[qid] = clean_by_family[family.name]
-        for question_id in questions:
-            if rng.random() < UNANSWERED_FRACTION:
-                del answers[question_id]
-        record: dict[str, Any] = {
-            "id": f"{id_prefix}-{index:06d}",
-            "state": _render_state(alert, as_text=rng.random() < TEXT_STATE_FRACTION),
-        }
-        if rng.random() < INSTRUCTIONS_FRACTION:
-            record["instructions"] = RECORD_INSTRUCTIONS
-        record["questions"] = questions
-        record["answers"] = answers
-        if rng.random() < REWARDED_FRACTION:
-            record["rewards"] = rewards
+        record, clean = ask_record(rng, f"{id_prefix}-{index:06d}", FAMILIES, clean_answers(alert), OPTION_COUNTS,
+                                   _family_rewards, lambda as_text: _render_state(alert, as_text=as_text),
+                                   RECORD_INSTRUCTIONS, label_noise, include_held_out)
         samples.append(SocTriageSample(record=record, clean_labels=clean))
     return samples
+
+
+def check_sample_arguments(n_records: int, label_noise: float) -> None:
+    """What every synthetic domain's generator refuses: a negative count, a noise outside [0, 1)."""
+    if n_records < 0:
+        raise ValueError(f"n_records must be >= 0, got {n_records}")
+    if not 0.0 <= label_noise < 1.0:
+        raise ValueError(f"label_noise must be in [0, 1), got {label_noise}")
+
+
+def ask_record(rng: random.Random, record_id: str, families: Sequence[QuestionFamily], clean_by_family: dict[str, int],
+               option_counts: Mapping[str, int], family_rewards: Callable[[QuestionFamily, int], tuple[float, ...]],
+               render_state: Callable[[bool], Any], instructions: str, label_noise: float,
+               include_held_out: bool) -> tuple[dict[str, Any], dict[str, int]]:
+    """One record of any synthetic domain: a variant of each family asked, noisy labels of the families' clean
+    answers, some unanswered, the state as text or JSON, record instructions and rewards on a share of records
+    (the shared mix settings above). Returns the record and its clean label per question id. The draws are made
+    in one fixed order, so a domain's files depend on its seed alone."""
+    asked = [(family, rng.choice(variants_for(family, include_held_out))) for family in families]
+    questions, answers, rewards, clean = {}, {}, {}, {}
+    for family, variant in asked:
+        qid, truth = variant.question_id, clean_by_family[family.name]
+        label = _noisy(truth, option_counts[family.name], label_noise, rng)
+        questions[qid] = family.question(variant)
+        answers[qid] = _answer(family, variant, label, rng)
+        rewards[qid] = dict(zip(family.option_ids(variant), family_rewards(family, truth)))
+        clean[qid] = truth
+    for question_id in questions:
+        if rng.random() < UNANSWERED_FRACTION:
+            del answers[question_id]
+    record: dict[str, Any] = {"id": record_id, "state": render_state(rng.random() < TEXT_STATE_FRACTION)}
+    if rng.random() < INSTRUCTIONS_FRACTION:
+        record["instructions"] = instructions
+    record["questions"] = questions
+    record["answers"] = answers
+    if rng.random() < REWARDED_FRACTION:
+        record["rewards"] = rewards
+    return record, clean
 
 
 def generate_soc_triage(

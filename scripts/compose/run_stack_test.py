@@ -73,7 +73,7 @@ PUT_RECORDS = ("import json, pathlib, sys; from clm.storage import open_store; s
                "print(json.dumps(sorted(store.list())))")
 JOB_TIMEOUT_S = 900
 STORAGE_DRIVER = os.environ.get("CLM_COMPOSE_STORAGE_DRIVER", "auto")  # auto | overlay2 | vfs
-# What the run needs on disk, measured (README, "make test-compose"): overlay2 shares image layers
+# What the run needs on disk, measured (docs/deployment.md, "make test-compose"): overlay2 shares image layers
 # between the build and every container; vfs copies every layer in full, and each container's two
 # layers too (the scale-2 stack holds 7 containers), so the build cache must go before `up`.
 NEEDED_GB = {"overlay2": 15, "vfs": 38}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import uuid
 from pathlib import Path
 
@@ -28,6 +29,12 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")  # a sha256 as files and manifests write it
+# What a file that names its heads carries until the heads are serialised and their sha256 is known
+# (``clm.checkpoint.save_checkpoint`` stamps calibration.json and drift.json with the real one).
+UNSTAMPED_SHA256 = "0" * 64
 
 
 def sha256_file(path: Path) -> str:

@@ -128,6 +128,11 @@ class EncodedSplit(Sequence[EncodedRecord]):
     def __len__(self) -> int:
         return len(self.compact)
 
+    @property
+    def record_state_texts(self) -> Sequence[Sequence[str]]:
+        """Per record, the state text of each of its questions (a view: texts are looked up on access)."""
+        return _RecordStateTexts(self)
+
     def __getitem__(self, index):  # type: ignore[override]
         if isinstance(index, slice):
             return [self._record(i) for i in range(*index.indices(len(self)))]
@@ -149,6 +154,22 @@ class EncodedSplit(Sequence[EncodedRecord]):
                 option_texts=tuple(texts[row] for row in option_rows), state_row=state_row,
                 option_rows=option_rows))
         return EncodedRecord(compact.record_ids[index], float(compact.weights[index]), tuple(questions))
+
+
+class _RecordStateTexts(Sequence[Sequence[str]]):
+    """``EncodedSplit.record_state_texts``: a record's state texts, built when asked for."""
+
+    def __init__(self, split: EncodedSplit) -> None:
+        self._split = split
+
+    def __len__(self) -> int:
+        return len(self._split)
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        split = self._split
+        return [split._texts[int(split.state_rows[position])] for position in split.compact.questions_of(index)]
 
 
 def clm_batch(table: EmbeddingTable, records: Sequence[EncodedRecord], device: torch.device) -> HeadInputs:

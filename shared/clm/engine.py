@@ -29,11 +29,13 @@ import numpy as np
 
 from clm.checkpoint import LATEST_FILE, CheckpointError, check_heads_encoder, load_checkpoint
 from clm.checkpoint.compat import REFERENCE_ENCODER_WIDTH
-from clm.contract.answers import RAW_SCALE, option_logits
+from clm.contract.answers import RAW_SCALE, option_logits, softmax
+from clm.contract.question_types import QUESTION_TYPE_IDS
 from clm.contract.names import DEFAULT_MODEL, RAW_MODEL
 from clm.engine_embedder import DEFAULT_EMB_MAX_TOKENS, DEFAULT_EMB_MODEL, DEFAULT_EMB_URL, Embedder, embedder_for, l2
 from clm.schema import answer_from_logits, build_pairs, wire_question
 from clm.serving.action_cache import SharedActionCache
+from clm.serving.calibrated import decide, temperatures
 from clm.serving.loaded_heads import LoadedHeads, heads_of
 from clm.serving.names import ServedNames, UnknownModel, resolve_model
 from clm.serving.published import FixedFile, FolderLatest, HeadsFinder
@@ -366,13 +368,25 @@ class Engine:
             zq = self._vectors(f"{key}/state", states, tokens, loaded.project_states)
             za = self._vectors(key, options, tokens, loaded.project_actions)
             scale = loaded.scale
-        answers, offset = {}, 0
+        # Calibrated heads (clm.serving.calibrated): each question at its fitted temperature, and decided.
+        calibration = None if head is None else loaded.calibration
+        ids = list(pairs)
+        type_ids = [QUESTION_TYPE_IDS[wire[qid]["type"]] for qid in ids]
+        fitted = temperatures(calibration, type_ids, [len(pair[2]) for pair in pairs.values()], ids)
+        answers, probs, offset = {}, [], 0
         for i, (qid, (_, keys, texts)) in enumerate(pairs.items()):
             cosine = za[offset:offset + len(texts)] @ zq[i]
             offset += len(texts)
-            answers[qid] = answer_from_logits(wire[qid], keys, option_logits(scale, cosine, temperature).tolist())
-        return {"model": model, "answers": answers,
-                "usage": {"billing_units": len(questions), "input_tokens": sum(tokens), "output_tokens": 0}}
+            logits = option_logits(scale, cosine, temperature * fitted[i]).tolist()
+            answers[qid] = answer_from_logits(wire[qid], keys, logits)
+            if calibration is not None:
+                probs.append(softmax(logits))
+        answer = {"model": model, "answers": answers,
+                  "usage": {"billing_units": len(questions), "input_tokens": sum(tokens), "output_tokens": 0}}
+        decisions = decide(calibration, type_ids, ids, probs)
+        if decisions is not None:  # as clm-serve's /v1/systemone body
+            answer["decisions"] = {qid: decision.as_dict() for qid, decision in zip(ids, decisions)}
+        return answer
 
     def rank(self, state: Any, candidates: Sequence[str], instructions: str | None = None,
              model: str | None = DEFAULT_MODEL, temperature: float = 1.0) -> list[dict]:

@@ -3,23 +3,22 @@
 A core exception says *what* went wrong in terms any caller understands:
 
 * ``bad_input``: the caller's input cannot be processed; retrying it cannot
-  succeed (HTTP 400 naming ``param``; a micro-batch isolates the caller).
+  succeed (a micro-batch isolates the caller; ``param`` names the field).
 * ``unavailable``: a dependency (encoder, Redis, disk) failed; the same input
-  may succeed later (HTTP 503 with ``Retry-After``).
-* ``saturated``: more work is in flight than accepted; back off (HTTP 503
-  with ``Retry-After``).
+  may succeed later.
+* ``saturated``: more work is in flight than accepted; back off.
 
-Every consumer reads the one table below, ``KIND_OUTCOMES``: the ``clm``
-command's exit status, a trainer job's error ``code`` when the error declares
-no finer one, and the HTTP status ``clm_http.errors`` answers. The micro-batcher
-(``clm.microbatch``) decides its failure policy by kind. The rest of the core
-knows no HTTP: it raises kinds, which are words; only ``clm_http`` turns the
-table's numbers into responses.
+The core reads the one table below, ``KIND_OUTCOMES``: the ``clm`` command's
+exit status and a trainer job's error ``code`` when the error declares no
+finer one. The micro-batcher (``clm.microbatch``) decides its failure policy
+by kind. The core knows no HTTP: it raises kinds, which are words; the
+services' one error table (``clm_http.errors``) says what each kind is
+answered with over HTTP.
 
 An error may refine its job ``code`` (``invalid_records``, ``encoder_error``,
 ...: stable reasons clients match on); its kind still decides the exit status
-and the HTTP status, so the three never disagree about whether the input or
-the environment is at fault.
+and the HTTP answer, so they never disagree about whether the input or the
+environment is at fault.
 """
 
 from __future__ import annotations
@@ -35,19 +34,18 @@ SATURATED: ErrorKind = "saturated"
 
 @dataclass(frozen=True)
 class KindOutcome:
-    """What one kind of failure becomes at each edge of the system."""
+    """What one kind of failure becomes at the core's edges (the services' HTTP answer is ``clm_http``'s)."""
 
     exit_code: int  # the `clm` command (and `python -m clm.recipes.train_clm_heads`)
     job_code: str  # a failed trainer job's error code, unless the error declares its own ``code``
-    http_status: int  # the services' answer (``clm_http.errors``; 503s carry Retry-After)
 
 
 KIND_OUTCOMES: dict[ErrorKind, KindOutcome] = {
     # Fix the input (config, records, checkpoint, a text): running again unchanged cannot succeed.
-    BAD_INPUT: KindOutcome(exit_code=2, job_code="invalid_input", http_status=400),
+    BAD_INPUT: KindOutcome(exit_code=2, job_code="invalid_input"),
     # The environment failed (encoder, cache, disk, Redis, resume state): the same input may succeed later.
-    UNAVAILABLE: KindOutcome(exit_code=1, job_code="unavailable", http_status=503),
-    SATURATED: KindOutcome(exit_code=1, job_code="saturated", http_status=503),
+    UNAVAILABLE: KindOutcome(exit_code=1, job_code="unavailable"),
+    SATURATED: KindOutcome(exit_code=1, job_code="saturated"),
 }
 # Exit status of a failure that declares no kind (a bug): what an uncaught Python exception exits with.
 EXIT_UNKNOWN_FAILURE = 1
@@ -66,7 +64,7 @@ class KindedError(Exception):
 
 
 def error_kind(error: BaseException) -> ErrorKind | None:
-    """The kind of ``error``, or None for an exception that declares none (a bug: HTTP 500)."""
+    """The kind of ``error``, or None for an exception that declares none (a bug)."""
     return getattr(error, "kind", None) if isinstance(error, KindedError) else None
 
 

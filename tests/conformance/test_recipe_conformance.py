@@ -35,7 +35,7 @@ from clm.heads import CLMHeadPair
 from clm.records import load_records
 from clm.recipes import train_clm_heads
 from clm.recipes.config import ConfigError, RecipeConfig, build_config, load_config
-from clm.recipes.embedding_cache import EmbeddingCacheError
+from clm.recipes.table_cache import EmbeddingCacheError
 from clm.recipes.train_clm_heads import TrainCLMHeadsRecipe
 from clm_devtools.synthetic import write_soc_triage_splits
 
@@ -251,7 +251,10 @@ def test_train_trains_in_place_and_returns_a_copy_of_the_best_heads(recipe):
 
 
 def test_run_train_validation_loop_trains_reports_and_writes_a_checkpoint_clm_serve_loads(raw_config, tmp_path):
-    recipe = TrainCLMHeadsRecipe(build_config(raw_config, [("output.report_dir", str(tmp_path / "report"))]))
+    # calibration off: the train run's validation is then the whole file, as eval mode's (with calibration on it is
+    # the share that selects the epoch: tests/integration/test_recipe_calibration.py)
+    recipe = TrainCLMHeadsRecipe(build_config(raw_config, [("output.report_dir", str(tmp_path / "report")),
+                                                           ("calibration.enabled", False)]))
     assert recipe.run_train_validation_loop() is None  # setup() ran first, by itself
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     assert set(report["before"]) == set(report["after"]) == {"validation", "test"}

@@ -1,5 +1,5 @@
 """k8s/object-store rendered by kustomize for real (`kubectl kustomize`, the kustomize built into kubectl) over
-the base k8s/Kustomization, the way README tells a deployer to: an overlay of one's own outside this folder
+the base k8s/Kustomization, the way docs/deployment.md tells a deployer to: an overlay of one's own outside this folder
 naming the base and the Component. The result: no ReadWriteMany claim and no pod referring to it, every
 CLM pod with the AWS_* variables from the store's ConfigMap and the Secret of secret.example.yaml, the
 Kubernetes schemas (kubernetes-validate --strict) and every k8s rule of the deployment linter pass on it,

@@ -1,4 +1,4 @@
-"""`make demo` end to end, twice: real Redis, embedder, trainer API + 2 workers, clm-serve, MiniLM.
+"""`make demo` end to end, twice: real Redis, embedder, trainer API + 2 workers, clm-serve (its decision log on), MiniLM.
 
 The second run on the same work folder must embed 0 texts (every vector comes
 from the caches) while still training, publishing and serving new versions.
@@ -32,15 +32,20 @@ def test_demo_runs_end_to_end_and_a_second_run_embeds_nothing(tmp_path):
     data = tmp_path / "data" / "soc_triage"
     write_soc_triage_splits(data, {"train": 120, "validation": 40, "test": 40}, seed=3)
     first = run_demo(tmp_path / "work", data)
-    assert first["jobs"] == {"infonce": "succeeded", "eval": "succeeded", "sft": "succeeded", "rl": "succeeded"}
-    assert first["heads_version_latest"] == 3 and first["heads_version_served"] == 3
+    assert first["jobs"] == {"infonce": "succeeded", "eval": "succeeded", "sft": "succeeded", "rl": "succeeded",
+                             "from-log": "succeeded"}
+    assert first["heads_version_latest"] == 4 and first["heads_version_served"] == 4
+    # the loop: every validation and test state asked, its gold answers fed back, records made from the log
+    loop = first["loop"]
+    assert loop["decisions_asked"] == 80 and loop["feedback_items"] > 0 and loop["version"] == 4
+    assert 0 < sum(loop["records"].values()) <= 80 and loop["records"]["train"] > 0  # records with a label
     assert first["texts_embedded"] > 0
     assert Path(first["report"]).is_file()
 
     second = run_demo(tmp_path / "work", data)
     assert all(status == "succeeded" for status in second["jobs"].values())
     assert second["texts_embedded"] == 0
-    assert second["heads_version_latest"] == second["heads_version_served"] == 6
+    assert second["heads_version_latest"] == second["heads_version_served"] == 8
     # Every process the demo started is gone: its ports are closed, its PIDs reaped (stopped by PID).
     leftover = subprocess.run(["pgrep", "-f", str(tmp_path / "work")], capture_output=True, text=True)
     assert leftover.stdout.strip() == "", leftover.stdout

@@ -1,6 +1,6 @@
 """The reliability suite's report: every scenario records what it checked, and the
 session ends by printing one table (scenario, outcome, checks) and writing it to
-``var/faults-report.md`` (the README's reliability section is that table).
+``var/faults-report.md`` (docs/benchmarks.md's Reliability section is that table).
 
 Use the ``fault_report`` fixture::
 

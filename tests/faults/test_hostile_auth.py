@@ -28,7 +28,9 @@ from support.trainer import TrainerStack, is_terminal, recipe_config, wait_job, 
 TRAINER_TOKEN = "auth-trainer-token-6e0b2d91"
 ADMIN_TOKEN = "auth-admin-token-a47c3f08"
 # decisions and embeddings read, they change nothing (their key is the API key, tested below)
-EXEMPT = {("POST", "/v1/systemone"), ("POST", "/v1/decisions"), ("POST", "/v1/rank"), ("POST", "/v1/embeddings")}
+# Reads and clients' outcomes, behind the API key (test_serve_api_key_guards_every_v1_route_...), not the admin token
+EXEMPT = {("POST", "/v1/systemone"), ("POST", "/v1/decisions"), ("POST", "/v1/rank"), ("POST", "/v1/embeddings"),
+          ("POST", "/v1/feedback")}
 SERVE_API_KEYS = ("auth-serve-key-1f93c2aa", "auth-serve-key-second-7d01")
 MUTATING = {"post", "put", "patch", "delete"}
 
@@ -209,7 +211,7 @@ def test_serve_api_key_guards_every_v1_route_and_never_leaks(fault_report, tmp_p
     serve = Serve(tmp_path / "logs", tmp_path / "checkpoints", HEADS_NAME, "")
     serve.env.update({"CLM_SERVE_ENCODER_MODEL": str(tiny_qwen3_dir), "CLM_SERVE_ENCODER_MAX_TOKENS": str(MAX_TOKENS),
                       "CLM_SERVE_API_KEY": ",".join(SERVE_API_KEYS), "CLM_SERVE_ADMIN_TOKEN": ADMIN_TOKEN,
-                      "CLM_SERVE_LOG_LEVEL": "debug"})
+                      "CLM_SERVE_LOG_LEVEL": "debug", "CLM_SERVE_DECISION_LOG": str(tmp_path / "decision-log")})
     serve.start()
     try:
         key = SERVE_API_KEYS[1]
@@ -221,7 +223,10 @@ def test_serve_api_key_guards_every_v1_route_and_never_leaks(fault_report, tmp_p
         bodies = {"/v1/systemone": {"state": "x", "questions": {"q": {"type": "noul", "instructions": "ok?"}}},
                   "/v1/decisions": {"model": "clm-latest", "input": "x",
                                     "questions": [{"type": "predicate", "instructions": "ok?"}]},
-                  "/v1/rank": {"context": "x", "question": "which?", "answers": ["a", "b"]}}
+                  "/v1/rank": {"context": "x", "question": "which?", "answers": ["a", "b"]},
+                  # an outcome of a decision this log does not hold: accepted (reported unmatched at export)
+                  "/v1/feedback": [{"decision_id": "01900000-0000-7000-8000-000000000000", "question": "q",
+                                    "correct": True}]}
         attempts = {**{name: headers for name, (headers, _) in _attempts(key).items()},
                     "admin token": {"Authorization": f"Bearer {ADMIN_TOKEN}"},
                     "lowercase scheme, wrong key": {"Authorization": "bearer nope"}}

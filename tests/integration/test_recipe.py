@@ -18,7 +18,7 @@ from clm.cli import main as clm_main
 from clm.encoded import collect_clm_texts
 from clm.records import load_records
 from clm.recipes.config import build_config
-from clm.recipes.embedding_cache import EmbeddingCacheError
+from clm.recipes.table_cache import EmbeddingCacheError
 from clm.recipes.train_clm_heads import TrainCLMHeadsRecipe
 from clm_devtools.synthetic import write_soc_triage_splits
 from support.observers import RecordingObserver
@@ -185,7 +185,9 @@ def test_report_result_and_events_say_where_the_time_went(base_config, soc_data)
 
 
 def test_eval_mode_reports_the_before_numbers_and_publishes_nothing(base_config, tmp_path):
-    trained = run(base_config, {"train.epochs": 1})
+    # calibration off: a train run then scores the whole validation file, as eval mode does (with it, the train
+    # run's validation is the share that selects the epoch: tests/integration/test_recipe_calibration.py)
+    trained = run(base_config, {"train.epochs": 1, "calibration.enabled": False})
     evaluated = run(base_config, {"mode": "eval", "heads.init_checkpoint": str(trained.checkpoint.path),
                                   "output.report_dir": str(tmp_path / "eval-report")})
     assert evaluated.after is None and evaluated.checkpoint is None and evaluated.texts_embedded == 0
@@ -231,7 +233,7 @@ def test_heads_from_another_encoder_are_refused(base_config, tmp_path):
 
 
 def test_evaluate_returns_identified_predictions(base_config):
-    cfg = build_config(base_config)
+    cfg = build_config(base_config, [("calibration.enabled", False)])  # validation whole (no calibration share)
     recipe = TrainCLMHeadsRecipe(cfg)
     recipe.setup()  # loads the splits and embeds every text
     heads = recipe._initial_heads()

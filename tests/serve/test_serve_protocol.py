@@ -39,8 +39,10 @@ def test_request_model_has_vllms_fields_and_defaults(schemas):
 def test_response_model_has_vllms_fields(schemas):
     theirs = schemas["structured_decision_response"]
     ours = StructuredDecisionResponse.model_json_schema()
-    # vLLM 0.33 adds `joint` (null unless a joint-schema model read the questions jointly: never for a CLM)
-    assert set(ours["properties"]) == set(theirs["properties"]) | {"joint"}
+    # vLLM 0.33 adds `joint` (null unless a joint-schema model read the questions jointly: never for a CLM);
+    # `decision_id` is ours (the decision log's and feedback's name of the answer), `decisions` too, and only in
+    # the answers of calibrated heads (docs/calibration.md)
+    assert set(ours["properties"]) == set(theirs["properties"]) | {"joint", "decision_id", "decisions"}
     assert ours["required"] == theirs["required"]
     additions = {"DecisionUsage": {"billing_units"}, "QuestionDiagnostics": {"top_probability", "ignored"}}
     for name, added in additions.items():

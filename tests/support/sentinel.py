@@ -51,10 +51,17 @@ class SentinelSetup:
         acked = self.direct(self.primary_port).wait(len(self.replicas), 5000)
         assert acked == len(self.replicas), f"only {acked} of {len(self.replicas)} replicas acknowledged"
 
-    def wait_failover(self, timeout: float = 30) -> int:
-        """After the primary died: the port of the replica the sentinel promoted (its role is master)."""
-        wait_until(lambda: self.primary_port_named() in self.replicas, timeout=timeout,
-                   what=f"the sentinel to promote a replica ({self.sentinel.log_tail(1500)})")
+    def wait_failover(self, timeout: float = 60) -> int:
+        """After the primary died: the port of the replica the sentinel promoted (its role is master).
+
+        Sentinel retries an aborted failover only after twice its failover-timeout, so on a loaded machine
+        one promotion may take two tries: the wait allows several.
+        """
+        try:
+            wait_until(lambda: self.primary_port_named() in self.replicas, timeout=timeout,
+                       what="the sentinel to promote a replica")
+        except TimeoutError as error:  # the sentinel's log as it is now, not as it was when the wait began
+            raise TimeoutError(f"{error}; the sentinel's log:\n{self.sentinel.log_tail(3000)}") from None
         promoted = self.primary_port_named()
         wait_until(lambda: self.direct(promoted).info("replication")["role"] == "master", timeout=timeout,
                    what=f"redis:{promoted} to take the primary role")

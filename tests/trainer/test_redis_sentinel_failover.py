@@ -4,7 +4,7 @@ own retry policy.
 
 Real processes throughout (``support.sentinel``): a primary, one replica, one sentinel with quorum 1 and
 ``down-after-milliseconds`` 1000, so a failover takes about 3 s here (1 s to see the primary down, up to 1 s
-of Sentinel's random start delay, about 1 s to promote). That window is the "blip" the README describes;
+of Sentinel's random start delay, about 1 s to promote). That window is the "blip" docs/configuration.md describes;
 each test measures and prints it.
 """
 

@@ -62,7 +62,7 @@ def test_a_data_url_in_a_store_is_admitted_once_its_object_exists(bucket, stack_
     missing["data"]["test"] = f"{location}/data/no-such.jsonl"
     with pytest.raises(JobConfigError) as refused:
         prepare_config(missing, settings, JOB_ID)
-    assert (refused.value.status, refused.value.key) == (400, "data.test")
+    assert (refused.value.refused_by, refused.value.key) == ("path", "data.test")
     assert f"no object {location}/data/no-such.jsonl" in refused.value.message
 
 

@@ -11,7 +11,7 @@ import redis
 
 from clm_trainer.queue import JobQueue
 from clm_trainer.settings import TrainerSettings
-from clm_trainer.store import IdempotencyConflict, JobStore, new_job_id
+from clm_trainer.job_store import IdempotencyConflict, JobStore, new_job_id
 
 
 @pytest.fixture()

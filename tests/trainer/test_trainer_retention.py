@@ -14,7 +14,7 @@ import pytest
 
 from clm_trainer.queue import JobQueue
 from clm_trainer.settings import TrainerSettings
-from clm_trainer.store import JobStore
+from clm_trainer.job_store import JobStore
 
 from test_trainer_queue import redis_now_ms, submit, wait_lease_expired
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from clm.checkpoint import list_versions, read_version_file, resolve_latest
+from clm.checkpoint.promotion import read_audit
 from clm_trainer.job_config import JobConfigError, prepare_config
 from clm_trainer.runner import JOB_ID_METRIC, JobCancelled, run_job
 from clm_trainer.settings import TrainerSettings
@@ -115,7 +116,7 @@ def test_a_job_may_publish_only_inside_the_trainers_bucket(setup, s3_prefix, ask
     config["output"]["checkpoint_root"] = asked.format(root=s3_prefix)
     with pytest.raises(JobConfigError) as refused:
         prepare_config(config, settings, "job-000000000000000000000004")
-    assert refused.value.status == 400 and refused.value.key == "output.checkpoint_root"
+    assert refused.value.refused_by == "path" and refused.value.key == "output.checkpoint_root"
     if why == "is outside":
         assert "is outside" in str(refused.value)
 
@@ -143,4 +144,23 @@ def test_a_job_may_not_keep_more_embedder_requests_in_flight_than_the_trainer_al
     config["encoder"]["concurrency"] = 7
     with pytest.raises(JobConfigError, match=r"encoder.concurrency: 7 requests .* \(6, CLM_TRAINER_MAX_JOB") as refused:
         prepare_config(config, settings, "job-000000000000000000000011")
-    assert refused.value.status == 400 and refused.value.key == "encoder.concurrency"
+    assert refused.value.refused_by == "path" and refused.value.key == "encoder.concurrency"
+
+
+def test_a_retried_job_promotes_its_version_once_and_audits_the_job(setup):
+    """output.promotion: force, and a worker that crashed after promoting: the retry finds its version live,
+    promotes nothing again, and the audit has one entry, by the job."""
+    settings = setup
+    job_id = "job-000000000000000000000002"
+    raw = recipe_config(setup.model_root / "tiny-qwen3", epochs=1, name="forced")
+    raw["output"]["promotion"] = "force"
+    config = prepare_config(raw, settings, job_id)
+    work_dir = settings.work_root / job_id
+    first = run_job(config, job_id=job_id, work_dir=work_dir, observer=RecordingObserver(), should_cancel=lambda: False)
+    assert first["promotion"]["outcome"] == "promoted" and first["promotion"]["forced"]
+    second = run_job(config, job_id=job_id, work_dir=work_dir, observer=RecordingObserver(),
+                     should_cancel=lambda: False)
+    assert second["checkpoint"] == first["checkpoint"]
+    assert second["promotion"]["outcome"] == "promoted" and "already live" in second["promotion"]["why"]
+    history = read_audit(settings.checkpoint_root, "forced")
+    assert [(e["action"], e["actor"], e["forced"]) for e in history] == [("promoted", f"trainer job {job_id}", True)]

@@ -273,7 +273,7 @@ def test_failed_publish_leaves_no_version_no_staging_and_latest_unmoved(tmp_path
         broken.logit_scale.fill_(float("inf"))
     with pytest.raises(CheckpointError):
         publish_checkpoint(tmp_path, "m", broken, FINGERPRINT)
-    assert sorted(p.name for p in (tmp_path / "m").iterdir()) == [".publish.lock", "latest", "v0001"]
+    assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["latest", "v0001"]
     assert resolve_latest(tmp_path, "m").version == 1
 
 

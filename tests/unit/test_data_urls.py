@@ -100,14 +100,14 @@ def test_urls_outside_the_data_stores_are_a_400_naming_the_key(case, url):
     with pytest.raises(JobConfigError) as refused:
         confine_url(url, STORES, "data.validation")
     error = refused.value
-    assert (error.status, error.key) == (400, "data.validation"), case
+    assert (error.refused_by, error.key) == ("path", "data.validation"), case
     assert error.message.startswith("data.validation: ") and "outside" in error.message, (case, error.message)
 
 
 def test_without_data_stores_no_url_is_admitted():
     with pytest.raises(JobConfigError) as refused:
         confine_url("s3://clm/data/train.jsonl", [], "data.train")
-    assert refused.value.status == 400 and "CLM_TRAINER_DATA_STORES is empty" in refused.value.message
+    assert refused.value.refused_by == "path" and "CLM_TRAINER_DATA_STORES is empty" in refused.value.message
 
 
 def test_the_data_stores_setting_is_parsed_at_start_up(monkeypatch):
@@ -157,5 +157,5 @@ def test_the_trainer_refuses_a_url_outside_its_stores_with_400_before_validating
     config["data"]["test"] = url
     with pytest.raises(JobConfigError) as refused:
         prepare_config(config, settings, "job-000000000000000000000001")
-    assert (refused.value.status, refused.value.key) == (400, "data.test")
+    assert (refused.value.refused_by, refused.value.key) == ("path", "data.test")
     assert "outside" in refused.value.message

@@ -1,12 +1,15 @@
-"""One kind table: every core error's kind decides the CLI exit status, the job error code and the HTTP status.
+"""One kind table: every core error's kind decides the CLI exit status, the job error code and the HTTP status
+(the first two from ``clm.errors.KIND_OUTCOMES``; the HTTP answer from ``clm_http.errors.KIND_ANSWERS``: the core
+knows no HTTP).
 
-The job codes and exit statuses below are the documented ones (README "Reliability"); the
+The job codes and exit statuses below are the documented ones (docs/benchmarks.md, "Reliability"); the
 rows marked *changed* were inconsistent before the table: the CLI called them bad input (or
 an outage) while a failed job reported ``internal_error`` (or the opposite).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 from pathlib import Path
@@ -19,17 +22,17 @@ from clm.cli import main as clm_main
 from clm.decision.errors import DecisionBatchError
 from clm.embedding_table import EmbeddingTableError
 from clm.encoders.base import EncoderChanged, EncoderError, EncoderInputError
-from clm.errors import KIND_OUTCOMES, ErrorKind, KindedError, error_kind, exit_code
+from clm.errors import KIND_OUTCOMES, ErrorKind, KindedError, KindOutcome, error_kind, exit_code
 from clm.evaluation.bootstrap import BootstrapInputError
 from clm.recipes.config import ConfigError
-from clm.recipes.embedding_cache import EmbeddingCacheError
+from clm.recipes.table_cache import EmbeddingCacheError
 from clm.recipes.errors import PublishError, RankFailedError
 from clm.recipes.loop import ResumeError
 from clm.records import RecordError
 from clm.records.errors import RecordProblem
 from clm_devtools.synthetic import write_soc_triage_splits
 from clm_embedder.admission import Saturated
-from clm_http.errors import kinded_error_response
+from clm_http.errors import KIND_ANSWERS, error_answer
 from clm_trainer.job_config import JobConfigError
 from clm_trainer.worker import classify
 from support.trainer import local_recipe_config
@@ -42,7 +45,7 @@ def _os_error(code: int) -> OSError:
 # (error, kind, CLI exit status, job error code)
 CORE_ERRORS = [
     (ConfigError("train.lr: must be > 0"), "bad_input", 2, "invalid_config"),
-    (JobConfigError("encoder.model: not under the model root", key="encoder.model", status=422),
+    (JobConfigError("encoder.model: not under the model root", key="encoder.model", refused_by="config"),
      "bad_input", 2, "invalid_config"),
     (RecordError([RecordProblem("train.jsonl", 3, "r3", "state", "state text is empty")]),
      "bad_input", 2, "invalid_records"),
@@ -63,8 +66,14 @@ CORE_ERRORS = [
 
 
 def test_the_table_has_one_row_per_kind_and_none_else():
-    assert set(KIND_OUTCOMES) == set(get_args(ErrorKind))
+    assert set(KIND_OUTCOMES) == set(get_args(ErrorKind)) == set(KIND_ANSWERS)
     assert KIND_OUTCOMES["bad_input"].exit_code != KIND_OUTCOMES["unavailable"].exit_code
+
+
+def test_the_core_kinds_carry_no_http():
+    """The core's table names what a kind becomes at its own edges (exit status, job code) and nothing HTTP."""
+    assert {f.name for f in dataclasses.fields(KindOutcome)} == {"exit_code", "job_code"}
+    assert {(a.status, a.retry_after) for a in KIND_ANSWERS.values()} == {(400, False), (503, True)}
 
 
 @pytest.mark.parametrize(("error", "kind", "status", "code"), CORE_ERRORS, ids=lambda v: type(v).__name__)
@@ -73,9 +82,9 @@ def test_a_core_errors_kind_decides_exit_status_job_code_and_http_status(error, 
     assert exit_code(error) == status
     job_error = classify(error)
     assert job_error["code"] == code and job_error["message"] == str(error)
-    response = kinded_error_response(error)
-    assert response.status_code == KIND_OUTCOMES[kind].http_status
-    assert ("Retry-After" in response.headers) == (kind != "bad_input")
+    status, body, headers = error_answer(error)
+    assert status == body["error"]["code"] == KIND_ANSWERS[kind].status == (400 if kind == "bad_input" else 503)
+    assert ("Retry-After" in headers) == (kind != "bad_input")
 
 
 def test_errors_without_a_kind_keep_their_codes():

@@ -91,7 +91,7 @@ def test_a_replica_that_goes_away_has_its_batches_retried_on_the_other(replicas)
     np.testing.assert_allclose(result.vectors, expected(texts), atol=1e-6)
     assert b.received_texts == 100 + 3  # and its identity probes: at start, in each health check
     down, up = health
-    assert (down["ok"], down["failures"] >= 1, "ConnectError" in down["error"]) == (False, True, True)
+    assert (down["ok"], down["failures"] >= 1, "ClientConnectorError" in down["error"]) == (False, True, True)
     assert (up["ok"], healthy) == (True, True)
 
 

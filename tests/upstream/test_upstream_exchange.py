@@ -111,6 +111,9 @@ def _train(root: Path, model_dir: Path, data: dict, name: str, **heads: object) 
 
     config = local_recipe_config(model_dir, data, root / name, epochs=1, name=name)
     config["heads"].update(heads)
+    # uncalibrated: upstream's clm-serve reads heads.pt alone, so only heads without calibration.json are answered
+    # alike (ours applies a version's fitted temperatures: docs/calibration.md)
+    config["calibration"] = {"enabled": False}
     recipe = TrainCLMHeadsRecipe(build_config(config))
     recipe.run_train_validation_loop()
     assert recipe.result is not None and recipe.result.checkpoint is not None

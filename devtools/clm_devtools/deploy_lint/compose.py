@@ -1,7 +1,7 @@
 """Rules over docker-compose.yml and its overrides (docker-compose.*.yml, each merged onto it as Compose
 merges them): every reference resolves (URLs, volumes, depends_on), every service is checked for health
 and builds from docker/Dockerfile, the CLM services' environments are their settings, vLLM serves what
-the embedder claims, and the production services are the ones the README describes. A finding of an
+the embedder claims, and the production services are the ones docs/deployment.md describes. A finding of an
 override names its file and is reported only when docker-compose.yml alone does not show it."""
 
 from __future__ import annotations

@@ -77,6 +77,18 @@ def _digest(text: str) -> bytes:
     return hashlib.sha256(text.encode("utf-8")).digest()
 
 
+#: Where a request's API key id is left for the routes (``scope["state"]``): the tenant of its decisions.
+KEY_ID_STATE = "api_key_id"
+#: The tenant of requests on a service with no API key configured.
+NO_KEY_ID = "anonymous"
+
+
+def key_id(digest: bytes) -> str:
+    """A key's public name: ``key-`` and the first 12 hex digits of the SHA-256 of its SHA-256 (a decision log
+    names its tenant so; neither the key nor its digest, which the middleware compares with, is ever shown)."""
+    return "key-" + hashlib.sha256(digest).hexdigest()[:12]
+
+
 class APIKeyMiddleware:
     """Pure ASGI middleware: vLLM 0.32's API-key check (see the module docstring).
 
@@ -118,21 +130,29 @@ class APIKeyMiddleware:
 
     def verify(self, headers: Headers) -> bool:
         """Whether ``Authorization`` is ``Bearer <one of the keys>`` (scheme case-insensitive)."""
+        return self.matched_key(headers) is not None
+
+    def matched_key(self, headers: Headers) -> str | None:
+        """The id (:func:`key_id`) of the key ``Authorization`` presents, None for no key of this service."""
         value = headers.get("authorization")
         if not value:
-            return False
+            return None
         scheme, _, token = value.partition(" ")
         if scheme.lower() != "bearer":
-            return False
+            return None
         presented = _digest(token)
-        matched = False
+        matched: bytes | None = None
         for digest in self._key_digests:  # every key, no early exit
-            matched |= secrets.compare_digest(presented, digest)
-        return matched
+            if secrets.compare_digest(presented, digest):
+                matched = digest
+        return None if matched is None else key_id(matched)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.guards(scope) and not self.verify(Headers(scope=scope)):
-            response = JSONResponse(self.unauthorized_body, status_code=401)
-            await response(scope, receive, send)
-            return
+        if self.guards(scope):
+            matched = self.matched_key(Headers(scope=scope))
+            if matched is None:
+                response = JSONResponse(self.unauthorized_body, status_code=401)
+                await response(scope, receive, send)
+                return
+            scope.setdefault("state", {})[KEY_ID_STATE] = matched
         await self.app(scope, receive, send)

@@ -12,7 +12,7 @@ import hmac
 from fastapi import Request
 from pydantic import SecretStr
 
-from .errors import APIError
+from .errors import Forbidden, Unauthorized
 
 
 def require_bearer(request: Request, token: SecretStr) -> None:
@@ -22,7 +22,6 @@ def require_bearer(request: Request, token: SecretStr) -> None:
     header = request.headers.get("authorization", "")
     scheme, _, presented = header.partition(" ")
     if scheme.lower() != "bearer" or not presented:
-        raise APIError(401, "missing bearer token (Authorization: Bearer <token>)",
-                       headers={"WWW-Authenticate": "Bearer"})
+        raise Unauthorized("missing bearer token (Authorization: Bearer <token>)")  # the table adds WWW-Authenticate
     if not hmac.compare_digest(presented.strip().encode(), expected.encode()):
-        raise APIError(403, "invalid bearer token")
+        raise Forbidden("invalid bearer token")

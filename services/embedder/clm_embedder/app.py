@@ -13,7 +13,7 @@ from clm.encoders.base import ENCODER_DIGEST_HEADER
 
 from clm.encoders.base import EncoderInputError
 from clm_http.api_key import APIKeyMiddleware, api_keys_from
-from clm_http.errors import error_response, install_error_handlers
+from clm_http.errors import InvalidRequest, answered_as, install_error_handlers
 from clm_http.limits import BodySizeLimitMiddleware
 from clm_http.prometheus import RequestMetricsMiddleware
 
@@ -47,6 +47,10 @@ class EncoderDigestMiddleware:
         await self.app(scope, receive, send_with_digest)
 
 
+# A refused input is answered in the encoder's own words (vLLM's, for the vllm backend), as vLLM answers them:
+# a BadRequestError with param null, where other services name the input (``input.3``) as the core error does.
+EMBEDDER_ERRORS = {EncoderInputError: answered_as(InvalidRequest, words=lambda error: (error.detail, None))}
+
 GUARDED_PREFIXES = ("/v1", "/v2", "/inference", "/cohere", "/pooling", "/invocations", "/tokenize", "/detokenize")
 
 
@@ -69,14 +73,8 @@ def create_app(settings: EmbedderSettings | None = None) -> FastAPI:
 
     app = FastAPI(title="clm-embedder", version=clm.__version__, lifespan=lifespan,
                   description="OpenAI/vLLM-compatible /v1/embeddings over a Redis + disk cache.")
-    install_error_handlers(app, retry_after_s=settings.retry_after_s, validation_style="vllm")
-
-    @app.exception_handler(EncoderInputError)
-    async def _refused_input(request, exc: EncoderInputError):
-        # The encoder's own words (vLLM's, for the vllm backend), as vLLM answers them: 400 BadRequestError,
-        # param null, as vLLM gives it (the message is the encoder's own).
-        request.state.error_kind = exc.kind
-        return error_response(400, exc.detail, err_type="BadRequestError")
+    install_error_handlers(app, answers=EMBEDDER_ERRORS, retry_after_s=settings.retry_after_s,
+                           validation_style="vllm")
 
     app.include_router(router)
     app.include_router(tokenize_router)

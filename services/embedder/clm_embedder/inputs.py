@@ -16,7 +16,7 @@ from typing import Any
 
 from clm.encoders.options import EMPTY_PROMPT, EncodeOptions, token_ids_key
 from clm.encoders.tokenizer import ChatRequest, TokenizerRefused
-from clm_http.errors import APIError
+from clm_http.errors import InvalidRequest, PayloadTooLarge, ResourceNotFound
 
 from .protocol import PoolingRequestBase, vllm_parameter_error
 from .state import EmbedderState
@@ -30,11 +30,7 @@ _MM_KWARGS = ("Per-request {name} are disabled by default because they can chang
               "usage. Start the server with --trust-request-mm-kwargs only when clients are trusted.")
 
 
-def bad_request(message: str, param: str | None = None) -> APIError:
-    return APIError(400, message, param=param, err_type="BadRequestError")
-
-
-def too_long(limit: int, count: int, *, at_least: bool) -> APIError:
+def too_long(limit: int, count: int, *, at_least: bool) -> InvalidRequest:
     """vLLM's refusal of an input over the maximum length when no truncation was asked for."""
     return vllm_parameter_error(
         f"This model's maximum context length is {limit} tokens. However, your prompt contains "
@@ -51,7 +47,7 @@ class ResolvedInputs:
 
 def check_model(body: PoolingRequestBase, state: EmbedderState) -> None:
     if body.model and body.model not in (state.settings.served_model_name, state.backend.fingerprint.model):
-        raise APIError(404, f"The model `{body.model}` does not exist.", err_type="NotFoundError")
+        raise ResourceNotFound(f"The model `{body.model}` does not exist.")  # vLLM's words, param null
 
 
 async def resolve_inputs(body: PoolingRequestBase, state: EmbedderState) -> ResolvedInputs:
@@ -63,9 +59,9 @@ async def resolve_inputs(body: PoolingRequestBase, state: EmbedderState) -> Reso
     limit = fingerprint.max_tokens
     truncation = body.truncate_prompt_tokens
     if truncation is not None and truncation > limit:
-        raise bad_request(TRUNCATION_TOO_LARGE)
+        raise InvalidRequest(TRUNCATION_TOO_LARGE)
     if truncation == 0:
-        raise bad_request(EMPTY_PROMPT)
+        raise InvalidRequest(EMPTY_PROMPT)
     if body.is_chat:
         keys, token_ids = await _render_chats(body, state)
         special = bool(body.add_special_tokens)
@@ -77,10 +73,10 @@ async def resolve_inputs(body: PoolingRequestBase, state: EmbedderState) -> Reso
         keys, token_ids = _plain_inputs(body, settings.max_chars_per_input if truncation is None else None)
         special = body.add_special_tokens is not False
     if not keys:
-        raise bad_request(NO_PROMPT)
+        raise InvalidRequest(NO_PROMPT)
     if len(keys) > settings.max_inputs_per_request:
-        raise APIError(413, f"{len(keys)} inputs exceed the limit of {settings.max_inputs_per_request} per request",
-                       param="input")
+        raise PayloadTooLarge(f"{len(keys)} inputs exceed the limit of {settings.max_inputs_per_request} per request",
+                              param="input")
     options = EncodeOptions(
         max_tokens=None if truncation in (None, -1) else truncation,
         truncation_side=body.truncation_side if truncation is not None else None,
@@ -156,21 +152,21 @@ def _plain_inputs(body: PoolingRequestBase, max_chars: int | None) -> tuple[list
         keys = []
         for index, ids in enumerate(raw):
             if not ids:
-                raise bad_request(EMPTY_PROMPT)
+                raise InvalidRequest(EMPTY_PROMPT)
             if min(ids) < 0:
-                raise bad_request(f"Token id {min(ids)} is out of vocabulary")
+                raise InvalidRequest(f"Token id {min(ids)} is out of vocabulary")
             keys.append(token_ids_key(ids))
         return keys, True
     for index, text in enumerate(raw):
         if max_chars is not None and len(text) > max_chars:
-            raise APIError(413, f"input {index} has {len(text)} characters; the limit is {max_chars} for an input "
-                                "sent without truncate_prompt_tokens (send it, e.g. -1, to have the input's tokens "
-                                "cut to the model's maximum length)", param=f"input.{index}")
+            raise PayloadTooLarge(f"input {index} has {len(text)} characters; the limit is {max_chars} for an input "
+                                  "sent without truncate_prompt_tokens (send it, e.g. -1, to have the input's tokens "
+                                  "cut to the model's maximum length)", param=f"input.{index}")
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as error:  # a JSON "\ud800" escape: no tokenizer and no cache key takes it
-            raise APIError(400, f"input {index} is not valid Unicode (unpaired surrogate at position "
-                                f"{error.start})", param=f"input.{index}") from None
+            raise InvalidRequest(f"input {index} is not valid Unicode (unpaired surrogate at position "
+                                 f"{error.start})", param=f"input.{index}") from None
     return list(raw), False
 
 
@@ -181,7 +177,7 @@ async def _render_chats(body: PoolingRequestBase, state: EmbedderState) -> tuple
     source = body.messages if body.messages is not None else body.input
     conversations = source if source and isinstance(source[0], list) else [source]
     if state.tokenizer is None:
-        raise bad_request("chat input needs the model's tokenizer, which this embedder does not have")
+        raise InvalidRequest("chat input needs the model's tokenizer, which this embedder does not have")
     keys, token_ids = [], False
     for conversation in conversations:
         chat = chat_request(conversation, body.add_generation_prompt, body.continue_final_message,
@@ -189,7 +185,7 @@ async def _render_chats(body: PoolingRequestBase, state: EmbedderState) -> tuple
         try:
             key, token_ids = await state.tokenizer.chat_key(chat)
         except TokenizerRefused as error:
-            raise bad_request(str(error)) from None
+            raise InvalidRequest(str(error)) from None
         keys.append(key)
     return keys, token_ids
 
@@ -197,7 +193,7 @@ async def _render_chats(body: PoolingRequestBase, state: EmbedderState) -> tuple
 def check_chat_template(chat_template: str | None, template_kwargs: dict | None) -> None:
     """vLLM refuses a request's own chat template unless started with --trust-request-chat-template."""
     if chat_template is not None or (template_kwargs or {}).get("chat_template") is not None:
-        raise bad_request(UNTRUSTED_TEMPLATE)
+        raise InvalidRequest(UNTRUSTED_TEMPLATE)
 
 
 def chat_request(messages: list, add_generation_prompt: bool, continue_final_message: bool,
@@ -212,17 +208,17 @@ def chat_request(messages: list, add_generation_prompt: bool, continue_final_mes
 def chat_message(message: Any) -> dict:
     """A chat message as the template sees it: vLLM's "string" content format (text parts joined)."""
     if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-        raise bad_request("each chat message must be an object with a string 'role'")
+        raise InvalidRequest("each chat message must be an object with a string 'role'")
     content = message.get("content")
     if isinstance(content, list):
         texts = []
         for part in content:
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise bad_request("only text content parts ({'type': 'text', 'text': ...}) can be embedded")
+                raise InvalidRequest("only text content parts ({'type': 'text', 'text': ...}) can be embedded")
             texts.append(part["text"])
         message = {**message, "content": "\n".join(texts)}
     elif content is not None and not isinstance(content, str):
-        raise bad_request("a chat message's content must be a string or a list of text parts")
+        raise InvalidRequest("a chat message's content must be a string or a list of text parts")
     return message
 
 
@@ -235,5 +231,5 @@ async def check_lengths(resolved: ResolvedInputs, counts: list[int | None], limi
         if count is not None and count > limit:
             refusal = await state.tokenizer.length_refusal(key) if state.tokenizer is not None else None
             if refusal is not None:  # vLLM's own words for it (the vllm backend without a model folder)
-                raise APIError(400, refusal[0], param=refusal[1], err_type="BadRequestError")
+                raise InvalidRequest(refusal[0], param=refusal[1])
             raise too_long(limit, count, at_least=True)

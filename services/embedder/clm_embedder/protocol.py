@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from clm_http.errors import APIError
+from clm_http.errors import InvalidRequest, MalformedRequest
 
 from .encodings import EmbedDType, EncodingFormat, Endianness
 
@@ -32,10 +32,10 @@ _REMOVED_TASKS = {"score": "`score` task was removed; use `classify` instead.",
                   "encode": "`encode` task was removed; use `token_embed` or `token_classify` instead."}
 
 
-def vllm_parameter_error(message: str, parameter: str, value: Any = None) -> APIError:
-    """vLLM's ``VLLMValidationError``: 400 BadRequestError, ``message (parameter=p[, value=v])``."""
+def vllm_parameter_error(message: str, parameter: str, value: Any = None) -> InvalidRequest:
+    """vLLM's ``VLLMValidationError``: a BadRequestError worded ``message (parameter=p[, value=v])``."""
     extras = f"parameter={parameter}" + (f", value={value}" if value is not None else "")
-    return APIError(400, f"{message} ({extras})", param=parameter, err_type="BadRequestError")
+    return InvalidRequest(f"{message} ({extras})", param=parameter)
 
 
 def random_request_id() -> str:
@@ -90,10 +90,10 @@ class PoolingRequestBase(BaseModel):
     @model_validator(mode="after")
     def _check_chat_flags(self) -> "PoolingRequestBase":
         if self.is_chat and self.continue_final_message and self.add_generation_prompt:
-            raise APIError(400, CHAT_FLAGS_CONFLICT, err_type="BadRequestError")
+            raise InvalidRequest(CHAT_FLAGS_CONFLICT)
         if self.input is None and self.messages is None:
-            raise APIError(400, "1 validation error:\n  {'type': 'missing', 'loc': 'body.input', 'msg': 'Field "
-                                "required', 'input': 'None'}", param="body.input", err_type="Bad Request")
+            raise MalformedRequest("1 validation error:\n  {'type': 'missing', 'loc': 'body.input', 'msg': 'Field "
+                                   "required', 'input': 'None'}", param="body.input")
         return self
 
     @property

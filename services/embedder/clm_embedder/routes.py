@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from clm.cache import CacheResult
 from clm.encoders.base import EncoderInputError
 from clm.encoders.options import OptionsView
-from clm_http.errors import APIError
+from clm_http.errors import InvalidRequest, MalformedRequest
 
 from .encodings import render_pooling_response
 from .inputs import ResolvedInputs, check_lengths, check_model, resolve_inputs
@@ -122,9 +122,8 @@ def _cache_headers(result: CacheResult) -> dict[str, str]:
 def _check_dimensions(body: PoolingRequestBase, state: EmbedderState) -> None:
     dimensions = getattr(body, "dimensions", None)
     if dimensions is not None:  # vLLM's answer for a model without Matryoshka embeddings (pooling_params.py)
-        raise APIError(400, f"Model {state.settings.served_model_name!r} does not support Matryoshka embeddings; "
-                            f"dimensions must be unset (received dimensions={dimensions}).",
-                       err_type="BadRequestError")
+        raise InvalidRequest(f"Model {state.settings.served_model_name!r} does not support Matryoshka embeddings; "
+                             f"dimensions must be unset (received dimensions={dimensions}).")
 
 
 async def _answer(body: PoolingRequestBase, request: Request, kind: str, id_prefix: str) -> Response:
@@ -177,15 +176,15 @@ async def invocations(request: Request) -> Response:
     try:
         payload = await request.json()
     except ValueError as error:
-        raise APIError(400, f"JSON decode error: {error}", err_type="Bad Request") from None
+        raise MalformedRequest(f"JSON decode error: {error}") from None
     for request_type, route in ((EmbeddingRequest, create_embeddings), (PoolingRequest, create_pooling)):
         try:
             body = request_type.model_validate(payload)
         except ValidationError:
             continue
         return await route(body, request)
-    raise APIError(400, "Cannot find suitable handler for request. Expected one of: "
-                        f"[{EmbeddingRequest!s}, {PoolingRequest!s}]", err_type="BadRequestError")
+    raise InvalidRequest("Cannot find suitable handler for request. Expected one of: "
+                         f"[{EmbeddingRequest!s}, {PoolingRequest!s}]")
 
 
 @router.get("/v1/encoder")

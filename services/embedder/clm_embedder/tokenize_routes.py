@@ -14,9 +14,9 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from clm.encoders.tokenizer import TokenizerRefused
-from clm_http.errors import APIError
+from clm_http.errors import InvalidRequest, MalformedRequest, NotSupported, ResourceNotFound
 
-from .inputs import bad_request, chat_request, check_chat_template
+from .inputs import chat_request, check_chat_template
 from .protocol import CHAT_FLAGS_CONFLICT
 from .routes import require_json
 from .state import EmbedderState
@@ -51,10 +51,9 @@ def _tokenizer_of(request: Request, model: str | None):
     state: EmbedderState = request.app.state.embedder
     served = state.settings.served_model_name
     if model and model not in (served, state.backend.fingerprint.model):
-        raise APIError(404, f"The model `{model}` does not exist. Valid aliases: {served}.", param="model",
-                       err_type="NotFoundError")
+        raise ResourceNotFound(f"The model `{model}` does not exist. Valid aliases: {served}.", param="model")
     if state.tokenizer is None:
-        raise APIError(501, "this embedder has no tokenizer", err_type="NotImplementedError")
+        raise NotSupported("this embedder has no tokenizer")
     return state, state.tokenizer
 
 
@@ -64,7 +63,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict:
     chat = None
     if body.messages is not None:
         if body.continue_final_message and body.add_generation_prompt:
-            raise bad_request(CHAT_FLAGS_CONFLICT)
+            raise InvalidRequest(CHAT_FLAGS_CONFLICT)
         check_chat_template(body.chat_template, body.chat_template_kwargs)
         special = bool(body.add_special_tokens)
         chat = chat_request(body.messages, body.add_generation_prompt, body.continue_final_message,
@@ -72,12 +71,12 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict:
     elif body.prompt is not None:
         special = body.add_special_tokens is not False
     else:
-        raise APIError(400, "1 validation error:\n  {'type': 'missing', 'loc': 'body.prompt', 'msg': 'Field "
-                            "required', 'input': 'None'}", param="body.prompt", err_type="Bad Request")
+        raise MalformedRequest("1 validation error:\n  {'type': 'missing', 'loc': 'body.prompt', 'msg': 'Field "
+                               "required', 'input': 'None'}", param="body.prompt")
     try:
         tokens, token_strs = await tokenizer.tokenize(body.prompt, chat, special, bool(body.return_token_strs))
     except TokenizerRefused as error:
-        raise bad_request(str(error)) from None
+        raise InvalidRequest(str(error)) from None
     return {"count": len(tokens), "max_model_len": state.backend.fingerprint.max_tokens, "tokens": tokens,
             "token_strs": token_strs}
 
@@ -87,10 +86,10 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> dict:
     _, tokenizer = _tokenizer_of(request, body.model)
     if any(not 0 <= token < 2**63 for token in body.tokens):
         bad = next(token for token in body.tokens if not 0 <= token < 2**63)
-        raise APIError(400, "1 validation error:\n  {'type': 'greater_than_equal', 'loc': 'body.tokens', "
-                            f"'msg': 'Input should be greater than or equal to 0', 'input': {bad}}}",
-                       param="body.tokens", err_type="Bad Request")
+        raise MalformedRequest("1 validation error:\n  {'type': 'greater_than_equal', 'loc': 'body.tokens', "
+                               f"'msg': 'Input should be greater than or equal to 0', 'input': {bad}}}",
+                               param="body.tokens")
     try:
         return {"prompt": await tokenizer.detokenize(list(body.tokens))}
     except OverflowError as error:  # an id past the tokenizer's integer width: vLLM's 400 for OverflowError
-        raise bad_request(str(error)) from None
+        raise InvalidRequest(str(error)) from None

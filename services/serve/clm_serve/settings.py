@@ -5,14 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from clm.checkpoint.compat import REFERENCE_ENCODER_MODEL, REFERENCE_ENCODER_WIDTH, AssumedEncoder
 from clm.contract.names import DEFAULT_ALIASES, DEFAULT_MODEL, RAW_MODEL
 from clm.encoders.spec import (DEFAULT_ENCODER_MAX_TOKENS, DEFAULT_ENCODER_MODEL, DEFAULT_ENCODER_POOLING, EncoderSpec,
                                spec_from_settings)
-from clm.serving.config import ServingConfig
+from clm.decision_log.config import DecisionLogConfig
+from clm.promotion.config import DriftConfig
+from clm.serving.config import DriftMonitoring, ServingConfig, ShadowScoring
 from clm.storage import Location
 from clm_http.settings import ServiceSettings, body_limit_field, port_field
 
@@ -156,6 +158,63 @@ class ServeSettings(ServiceSettings):
         "contrastive-lm's fields) or `typesafe` (TypeSafe's System One API, which Jev's SDKs read: a decision's "
         "fields TypeSafe does not define renamed `x_<name>`, invalid requests 422 `{detail: [{loc, msg, type}]}`, "
         "other errors `{detail: {error_type, message}}`). Other routes keep their own shapes.")
+    # The decision log (clm.decision_log.config.DecisionLogConfig: each setting is its field without the prefix)
+    decision_log: Location | None = Field(
+        None, description="Log every decision (Parquet, docs/decision-log.md) under this folder or "
+        "`s3://bucket/prefix`, and take outcomes at `POST /v1/feedback`; empty: off.")
+    decision_log_sample_rate: float = Field(1.0, gt=0.0, le=1.0, description="Share of decisions logged (chosen by "
+                                            "decision id); feedback is always kept.")
+    decision_log_retention_days: int | None = Field(None, ge=1, description="Delete log days older than this (at "
+                                                    "start and daily); empty: keep until `clm log forget`.")
+    decision_log_flush_entries: int = Field(1000, ge=1, description="Write a segment once this many decisions wait.")
+    decision_log_flush_interval_s: float = Field(5.0, gt=0.0, description="... or once the oldest waited this long "
+                                                 "(what a SIGKILL may lose while the store is up).")
+    decision_log_buffer_entries: int = Field(100_000, ge=1, description="Decisions held while the store is slow or "
+                                             "down; beyond, new ones are dropped and counted, never waited for.")
+    decision_log_redact_paths: str = Field("", description="Comma-separated JSON paths dropped from logged requests "
+                                           "(`state.user.email`, `state.*.ssn`).")
+    decision_log_redact_defaults: bool = Field(True, description="Replace e-mail addresses and phone numbers in "
+                                               "logged strings.")
+
+    # Drift (clm.serving.drift, docs/drift.md): each served version against the reference it was published with
+    drift: bool = Field(
+        True, description="Count each served model's answers (top option and confidence per question id) and sample "
+        "its state vectors, against the reference its version was published with (drift.json), and report PSI and "
+        "a state-embedding test at `GET /v1/drift` and as `clm_serve_drift_*` metrics, with a WARNING log line per "
+        "alert (docs/drift.md). Costs a few counter increments per answer and, per version, one embedding of its "
+        "reference's state texts (at most 500) once enough states were served. Off: nothing counted, "
+        "`/v1/drift` is 404.")
+    drift_psi_warn: float = Field(0.1, gt=0.0, description="PSI at or above this is `warn` (a moderate shift).")
+    drift_psi_alert: float = Field(0.25, gt=0.0, description="PSI at or above this is `alert` (a major shift): a "
+                                   "WARNING log line and `clm_serve_drift_alerts_total`, once per crossing.")
+    drift_min_answers: int = Field(50, ge=1, description="Answers a question id needs since its version loaded (and "
+                                   "in the reference) before it gets a PSI: fewer is noise.")
+    drift_min_states: int = Field(100, ge=2, description="Answers (each samples one state vector) since the version "
+                                  "loaded before the state-embedding test (MMD against the training states) runs.")
+    drift_interval_s: float = Field(30.0, gt=0.0, description="How often PSI and the state test are computed in the "
+                                    "background (metrics, alerts); never per request. The state test runs at most "
+                                    "this often per version.")
+
+    # Shadow scoring (clm.serving.shadow, docs/promotion.md): a candidate version answers live traffic off the path
+    shadow_share: float = Field(
+        0.0, ge=0.0, le=1.0, description="Share of decisions (chosen by decision id) that the newest published "
+        "version above the live one (a candidate) also scores, off the response path, counting its agreement with "
+        "the live answers (`clm_serve_shadow_*`, `shadow` in `/v1/heads`). 0: off.")
+    shadow_queue: int = Field(256, ge=1, description="Shadowed answers waiting at most; past it they are dropped and "
+                              "counted (`clm_serve_shadow_dropped_total`): a live request never waits for the shadow.")
+    shadow_interval_s: float = Field(30.0, gt=0.0, description="How often a newer candidate is looked for.")
+
+    @model_validator(mode="after")
+    def _drift_thresholds(self) -> "ServeSettings":
+        if self.drift_psi_warn >= self.drift_psi_alert:
+            raise ValueError(f"drift_psi_warn ({self.drift_psi_warn}) must be below drift_psi_alert "
+                             f"({self.drift_psi_alert})")
+        return self
+
+    @field_validator("decision_log", mode="before")
+    @classmethod
+    def _empty_is_off(cls, value: object) -> object:
+        return None if isinstance(value, str) and not value.strip() else value
 
     @field_validator("models")
     @classmethod
@@ -194,7 +253,30 @@ class ServeSettings(ServiceSettings):
             max_batch_texts=self.max_batch_texts, max_options=self.max_options,
             embedding_round_to=self.embedding_round_to, option_store_max_entries=self.option_store_max_entries,
             action_cache_max_entries=self.action_cache_max_entries, warm_options_file=self.warm_options_file,
+            decision_log=self.decision_log_config(), drift=self.drift_monitoring(),
+            shadow=None if self.shadow_share == 0 else ShadowScoring(self.shadow_share, self.shadow_queue,
+                                                                   self.shadow_interval_s),
         )
+
+    def drift_monitoring(self) -> DriftMonitoring | None:
+        """The drift check's own config (``clm.serving.config.DriftMonitoring``), None when it is off."""
+        if not self.drift:
+            return None
+        return DriftMonitoring(
+            checks=DriftConfig(psi_warn=self.drift_psi_warn, psi_alert=self.drift_psi_alert,
+                               min_answers=self.drift_min_answers),
+            min_states=self.drift_min_states, interval_s=self.drift_interval_s)
+
+    def decision_log_config(self) -> DecisionLogConfig | None:
+        """The decision log's own config (``clm.decision_log.config``), None when it is off."""
+        if self.decision_log is None:
+            return None
+        return DecisionLogConfig(
+            location=self.decision_log, sample_rate=self.decision_log_sample_rate,
+            retention_days=self.decision_log_retention_days, flush_entries=self.decision_log_flush_entries,
+            flush_interval_s=self.decision_log_flush_interval_s, buffer_entries=self.decision_log_buffer_entries,
+            redact_paths=[p.strip() for p in self.decision_log_redact_paths.split(",") if p.strip()],
+            redact_defaults=self.decision_log_redact_defaults)
 
     def encoder_spec(self) -> EncoderSpec:
         """The encoder these settings describe (``clm.encoders.spec``: the one way encoders are built).

@@ -3,24 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 from contextlib import asynccontextmanager
 
 import redis.exceptions
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI
 
 import clm
-from clm_http.errors import APIError, error_response, install_error_handlers
+from clm_http.errors import ServiceUnavailable, answered_as, install_error_handlers
 from clm_http.limits import BodySizeLimitMiddleware
 from clm_http.prometheus import RequestMetricsMiddleware
 
 from .prometheus import TrainerMetrics
 from .routes import router
 from .settings import TrainerSettings, redact_url
-from .store import JobStore
-
-logger = logging.getLogger(__name__)
+from .job_store import JobStore
 
 
 def create_app(settings: TrainerSettings | None = None) -> FastAPI:
@@ -29,11 +25,11 @@ def create_app(settings: TrainerSettings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        app.state.store = JobStore.connect(settings)
+        app.state.job_store = JobStore.connect(settings)
         try:
             yield
         finally:
-            await app.state.store.close()
+            await app.state.job_store.close()
 
     app = FastAPI(title="clm-trainer", version=clm.__version__, lifespan=lifespan,
                   description="Jobs API: post-train CLM heads on SystemOne records with Redis-backed workers.")
@@ -43,19 +39,19 @@ def create_app(settings: TrainerSettings | None = None) -> FastAPI:
     async def check_redis() -> None:
         """Ping with a hard deadline: a Redis that accepts connections but never answers must not hang us."""
         try:
-            await asyncio.wait_for(app.state.store.ping(), timeout=settings.redis_timeout_s)
+            await asyncio.wait_for(app.state.job_store.ping(), timeout=settings.redis_timeout_s)
         except (redis.exceptions.RedisError, OSError, asyncio.TimeoutError) as error:
-            raise APIError(503, f"job store unavailable: Redis at {redis_where} did not answer "
-                           f"({type(error).__name__}: {error or 'timeout'})") from None
+            raise ServiceUnavailable(f"job store unavailable: Redis at {redis_where} did not answer "
+                                     f"({type(error).__name__}: {error or 'timeout'})") from None
+
+    def redis_failed(error: BaseException) -> tuple[str, None]:
+        return (f"job store unavailable: Redis at {redis_where} failed ({type(error).__name__}: {error}); "
+                "retry shortly", None)
 
     app.state.check_redis = check_redis
-    install_error_handlers(app)
-
-    @app.exception_handler(redis.exceptions.RedisError)
-    async def _redis_down(request: Request, error: redis.exceptions.RedisError) -> JSONResponse:
-        logger.warning("Redis error on %s %s: %s", request.method, request.url.path, error)
-        return error_response(503, f"job store unavailable: Redis at {redis_where} failed "
-                              f"({type(error).__name__}: {error}); retry shortly", headers={"Retry-After": "1"})
+    # A Redis error any route lets through is the job store's outage: 503 with Retry-After, and a warning logged.
+    install_error_handlers(app, answers={
+        redis.exceptions.RedisError: answered_as(ServiceUnavailable, words=redis_failed, logged=True)})
 
     app.include_router(router)
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)

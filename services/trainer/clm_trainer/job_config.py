@@ -19,7 +19,8 @@ runs, so a symlink swapped in after submit is still caught):
   repository submits unchanged) and are stored **absolute**, so workers do
   not depend on their working directory.
 * **Confinement**: symlinks are resolved, then the path must lie inside its
-  root: ``data.*`` in ``data_root``; ``heads.init_checkpoint`` in
+  root: ``data.*`` in ``data_root`` (a ``data.log.location`` there or in one
+  of ``data_stores``); ``heads.init_checkpoint`` in
   ``checkpoint_root`` or ``data_root``; ``output.checkpoint_root`` in
   ``checkpoint_root`` (left out: the root itself); a local ``encoder.model``
   folder (not an alias such as ``minilm``) in ``model_root``. ``../``,
@@ -51,11 +52,11 @@ from __future__ import annotations
 import copy
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from clm.encoders.spec import MODEL_ALIASES
 from clm.errors import BAD_INPUT, KindedError
-from clm.recipes.config import ConfigError, RecipeConfig, build_config
+from clm.recipes.config import DATA_FILES, ConfigError, RecipeConfig, build_config
 from clm.storage import bucket_within, head_url, is_bucket, is_url, parse_object_url
 
 from .settings import TrainerSettings
@@ -65,16 +66,18 @@ HEAD_TIMEOUT_S = 10.0
 
 
 class JobConfigError(KindedError, ValueError):
-    """A submitted config the service refuses; ``status`` is the HTTP answer, ``key`` the offending key path."""
+    """A submitted config the service refuses: bad input naming ``key``, the offending key path; ``refused_by``
+    says which check (``path``: a location's confinement; ``config``: the recipe's validation), for the API's
+    ``rejected`` metric."""
 
-    kind = BAD_INPUT  # the API answers it with its own ``status`` (routes); a job fails with invalid_config
+    kind = BAD_INPUT  # the API answers 400 naming the key (clm_http.errors); a job fails with invalid_config
     code = "invalid_config"
 
-    def __init__(self, message: str, *, key: str | None, status: int) -> None:
+    def __init__(self, message: str, *, key: str | None, refused_by: Literal["path", "config"]) -> None:
         super().__init__(message)
         self.message = message
         self.key = key
-        self.status = status
+        self.refused_by = refused_by
 
 
 def report_dir(settings: TrainerSettings, job_id: str) -> Path:
@@ -92,7 +95,7 @@ def confine(value: str | Path, roots: list[Path], key: str) -> Path:
     where = " or ".join(str(root) for root in real_roots)
     raise JobConfigError(f"{key}: {str(value)!r} resolves to {resolved}, which is outside {where}; "
                          "paths (after following symlinks) must stay inside the configured root",
-                         key=key, status=400)
+                         key=key, refused_by="path")
 
 
 def confine_location(value: str | Path, roots: list[Path | str], key: str, where: str, *,
@@ -105,7 +108,7 @@ def confine_location(value: str | Path, roots: list[Path | str], key: str, where
         try:
             url = str(parse_object_url(value, need_key=objects))
         except ValueError as error:
-            raise JobConfigError(f"{key}: {error}; nothing outside {where} is used", key=key, status=400) from None
+            raise JobConfigError(f"{key}: {error}; nothing outside {where} is used", key=key, refused_by="path") from None
         if any(bucket_within(url, str(root)) and not (objects and url == str(root))
                for root in roots if is_bucket(root)):
             return url
@@ -113,7 +116,7 @@ def confine_location(value: str | Path, roots: list[Path | str], key: str, where
         folders = [Path(root) for root in roots if not is_bucket(root)]
         if folders:
             return confine(value, folders, key)
-    raise JobConfigError(f"{key}: {str(value)!r} is outside {where}", key=key, status=400)
+    raise JobConfigError(f"{key}: {str(value)!r} is outside {where}", key=key, refused_by="path")
 
 
 def confine_url(value: str, stores: list[str], key: str) -> str:
@@ -134,12 +137,19 @@ def _records_file(value: Path | str, settings: TrainerSettings, key: str) -> Pat
     if isinstance(value, str) and is_url(value):  # clm.storage.Location keeps bucket URLs as text
         url = confine_url(value, settings.data_store_locations, key)
         if head_url(url, timeout_s=HEAD_TIMEOUT_S) is None:
-            raise JobConfigError(f"{key}: there is no object {url}", key=key, status=400)
+            raise JobConfigError(f"{key}: there is no object {url}", key=key, refused_by="path")
         return url
     path = confine(value, [settings.data_root], key)
     if not path.is_file():
-        raise JobConfigError(f"{key}: {str(value)!r} ({path}) is not a file", key=key, status=400)
+        raise JobConfigError(f"{key}: {str(value)!r} ({path}) is not a file", key=key, refused_by="path")
     return path
+
+
+def _decision_log(value: Path | str, settings: TrainerSettings) -> Path | str:
+    """``data.log.location``: a decision log (a folder under ``data_root``, or a prefix in one of ``data_stores``)."""
+    return confine_location(value, [settings.data_root, *settings.data_store_locations], "data.log.location",
+                            f"the trainer's data root {settings.data_root} and "
+                            f"{_allowed_stores(settings.data_store_locations)}")
 
 
 def _first_key(message: str) -> str | None:
@@ -155,7 +165,7 @@ def _validate(raw: dict[str, Any]) -> RecipeConfig:
     try:
         return build_config(raw)
     except ConfigError as error:
-        raise JobConfigError(str(error), key=_first_key(str(error)), status=422) from None
+        raise JobConfigError(str(error), key=_first_key(str(error)), refused_by="config") from None
 
 
 # A recipe config nests a few levels (section -> key -> list/dict); anything far deeper is hostile, and
@@ -174,7 +184,7 @@ def _check_json(raw: dict[str, Any]) -> None:
         if isinstance(item, (dict, list)):
             if depth > MAX_CONFIG_DEPTH:
                 raise JobConfigError(f"config nests deeper than {MAX_CONFIG_DEPTH} levels; a recipe config "
-                                     "never does", key="config", status=422)
+                                     "never does", key="config", refused_by="config")
             pairs = item.items() if isinstance(item, dict) else enumerate(item)
             for key, child in pairs:
                 if isinstance(key, str):
@@ -185,7 +195,7 @@ def _check_json(raw: dict[str, Any]) -> None:
         elif isinstance(item, float) and not math.isfinite(item):
             # JSON's NaN/Infinity extensions: pydantic would store them as null (an Infinity lr passes gt=0).
             raise JobConfigError(f"{where.removeprefix('config.')}: {item} is not a finite number",
-                                 key=where.removeprefix("config."), status=422)
+                                 key=where.removeprefix("config."), refused_by="config")
 
 
 def _check_text(text: str, where: str) -> None:
@@ -194,13 +204,13 @@ def _check_text(text: str, where: str) -> None:
     except UnicodeEncodeError as error:
         key = where.removeprefix("config.").encode("utf-8", "backslashreplace").decode("utf-8")
         raise JobConfigError(f"{key}: text is not valid Unicode (unpaired surrogate at position {error.start})",
-                             key=key, status=422) from None
+                             key=key, refused_by="config") from None
 
 
 def prepare_config(raw: Any, settings: TrainerSettings, job_id: str) -> RecipeConfig:
     """The effective, confined config of job ``job_id``, validated once (raises ``JobConfigError``)."""
     if not isinstance(raw, dict):
-        raise JobConfigError("config must be a JSON object of recipe sections", key="config", status=422)
+        raise JobConfigError("config must be a JSON object of recipe sections", key="config", refused_by="config")
     _check_json(raw)
     raw = copy.deepcopy(raw)
     encoder = raw.get("encoder")
@@ -211,10 +221,10 @@ def prepare_config(raw: Any, settings: TrainerSettings, job_id: str) -> RecipeCo
         raise JobConfigError("tracking.mlflow_tracking_uri: a job may not choose where the service writes (a "
                              "network endpoint or a file: path); log to MLflow from `clm train` runs, or leave it "
                              "null (TensorBoard event files are written beside the job's report)",
-                             key="tracking.mlflow_tracking_uri", status=400)
+                             key="tracking.mlflow_tracking_uri", refused_by="path")
     data_section = raw.get("data")
     if isinstance(data_section, dict):  # a URL the service refuses is a 400 whatever its scheme, before validation
-        for split in ("train", "validation", "test"):
+        for split in DATA_FILES:
             if isinstance(data_section.get(split), str) and is_url(data_section[split]):
                 confine_url(data_section[split], settings.data_store_locations, f"data.{split}")
     output_section = raw.get("output")
@@ -235,10 +245,12 @@ def _effective(cfg: RecipeConfig, settings: TrainerSettings, job_id: str) -> Rec
     """``cfg`` with the service-owned keys set from ``settings`` and every path confined (resolved, absolute)."""
     data_root, checkpoint_root = settings.data_root, settings.checkpoint_root
     data: dict[str, Path | str] = {}
-    for split in ("train", "validation", "test"):
+    for split in DATA_FILES:
         value = getattr(cfg.data, split)
         if value is not None:
             data[split] = _records_file(value, settings, f"data.{split}")
+    if cfg.data.log is not None:
+        data["log"] = cfg.data.log.model_copy(update={"location": _decision_log(cfg.data.log.location, settings)})
     heads = {} if cfg.heads.init_checkpoint is None else {
         "init_checkpoint": _confine_init_checkpoint(cfg.heads.init_checkpoint, checkpoint_root, data_root)}
     encoder: dict[str, Any] = {}
@@ -249,7 +261,7 @@ def _effective(cfg: RecipeConfig, settings: TrainerSettings, job_id: str) -> Rec
         if cfg.encoder.concurrency > settings.max_job_requests_in_flight:
             raise JobConfigError(f"encoder.concurrency: {cfg.encoder.concurrency} requests in flight is more than this "
                                  f"trainer lets one job keep at the embedder ({settings.max_job_requests_in_flight}, "
-                                 "CLM_TRAINER_MAX_JOB_REQUESTS_IN_FLIGHT)", key="encoder.concurrency", status=400)
+                                 "CLM_TRAINER_MAX_JOB_REQUESTS_IN_FLIGHT)", key="encoder.concurrency", refused_by="path")
     return _replace(
         cfg, data=data, heads=heads, encoder=encoder,
         cache={"dir": settings.effective_cache_dir.resolve(), "redis_url": None},

@@ -1,4 +1,6 @@
-"""Worker side of the job queue: claim, heartbeat, report, finish, release, reap (synchronous Redis).
+"""Worker side of the job queue: claim, config, heartbeat, progress, finish, release, reap (synchronous Redis).
+
+The API side of the same Redis records is ``job_store`` (``JobStore``).
 
 Design (the simplest that survives crashes; see ``lua`` for the state machine):
 

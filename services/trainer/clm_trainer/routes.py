@@ -1,4 +1,4 @@
-"""The jobs API routes. Thin: validation and auth here, state changes in ``store`` (Lua), work in workers."""
+"""The jobs API routes. Thin: validation and auth here, state changes in ``job_store`` (Lua), work in workers."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from clm_http.auth import require_bearer
-from clm_http.errors import APIError
+from clm_http.errors import Conflict, InvalidRequest, ResourceNotFound
 
 from .job_config import JobConfigError, prepare_config
 from .prometheus import TrainerMetrics
 from .report_store import REPORT_HTML, REPORT_JSON, JobReport, find_report
 from .models import Job, JobCreate, JobList
 from .settings import TrainerSettings
-from .store import IdempotencyConflict, JobStore, new_job_id, request_digest
+from .job_store import IdempotencyConflict, JobStore, new_job_id, request_digest
 from .streaming import ndjson_body, sse_body
 
 router = APIRouter()
@@ -35,40 +35,41 @@ def _settings(request: Request) -> TrainerSettings:
     return request.app.state.settings
 
 
-def _store(request: Request) -> JobStore:
-    return request.app.state.store
+def _job_store(request: Request) -> JobStore:
+    return request.app.state.job_store
 
 
 def _metrics(request: Request) -> TrainerMetrics:
     return request.app.state.metrics
 
 
-async def _job_or_404(store: JobStore, job_id: str) -> Job:
-    job = await store.get(job_id) if _JOB_ID.match(job_id) else None
+async def _job_or_404(job_store: JobStore, job_id: str) -> Job:
+    job = await job_store.get(job_id) if _JOB_ID.match(job_id) else None
     if job is None:
-        raise APIError(404, f"no job {job_id!r}", param="job_id")
+        raise ResourceNotFound(f"no job {job_id!r}", param="job_id")
     return job
 
 
 @router.post("/jobs", status_code=201, response_model=Job)
 async def create_job(request: Request, body: JobCreate,
                      idempotency_key: str | None = Header(None, alias="Idempotency-Key")) -> JSONResponse:
-    settings, store, metrics = _settings(request), _store(request), _metrics(request)
+    settings, job_store, metrics = _settings(request), _job_store(request), _metrics(request)
     require_bearer(request, settings.api_token)
     if idempotency_key is not None and not _IDEMPOTENCY_KEY.match(idempotency_key):
-        raise APIError(400, "Idempotency-Key must be 1-255 visible ASCII characters", param="Idempotency-Key")
+        raise InvalidRequest("Idempotency-Key must be 1-255 visible ASCII characters", param="Idempotency-Key")
     job_id = new_job_id()
-    try:  # in a thread: a data URL's existence is a HEAD to its store
+    try:  # in a thread: a data URL's existence is a HEAD to its object store
         config = await asyncio.to_thread(prepare_config, body.config, settings, job_id)
     except JobConfigError as error:
-        metrics.rejected.labels("path" if error.status == 400 else "config").inc()
-        raise APIError(error.status, error.message, param=error.key) from None
+        metrics.rejected.labels(error.refused_by).inc()
+        raise InvalidRequest(error.message, param=error.key) from None
     try:
-        submitted = await store.submit(job_id, config.to_json_dict(), body.name, idempotency_key=idempotency_key,
-                                       digest=request_digest(body.model_dump(mode="json")))
+        submitted = await job_store.submit(job_id, config.to_json_dict(), body.name,
+                                           idempotency_key=idempotency_key,
+                                           digest=request_digest(body.model_dump(mode="json")))
     except IdempotencyConflict as conflict:
         metrics.rejected.labels("idempotency_conflict").inc()
-        raise APIError(409, f"Idempotency-Key was already used for job {conflict.job_id} with a different "
+        raise Conflict(f"Idempotency-Key was already used for job {conflict.job_id} with a different "
                        "request body; use a new key for a new job", param="Idempotency-Key") from None
     metrics.submitted.labels(str(not submitted.created).lower()).inc()
     headers = {"Location": f"/jobs/{submitted.job.id}"}
@@ -82,61 +83,61 @@ async def list_jobs(request: Request, limit: int = Query(20, ge=1),
                     after: str | None = Query(None, description="continue after this job id")) -> JobList:
     settings = _settings(request)
     if limit > settings.list_limit_max:
-        raise APIError(400, f"limit must be at most {settings.list_limit_max}", param="limit")
-    jobs, has_more = await _store(request).list(limit, after)
+        raise InvalidRequest(f"limit must be at most {settings.list_limit_max}", param="limit")
+    jobs, has_more = await _job_store(request).list(limit, after)
     return JobList(data=jobs, has_more=has_more)
 
 
 @router.get("/jobs/{job_id}", response_model=Job)
 async def get_job(request: Request, job_id: str) -> Job:
-    return await _job_or_404(_store(request), job_id)
+    return await _job_or_404(_job_store(request), job_id)
 
 
 @router.post("/jobs/{job_id}/cancel", response_model=Job)
 async def cancel_job(request: Request, job_id: str) -> Job:
     require_bearer(request, _settings(request).api_token)
-    store = _store(request)
-    await _job_or_404(store, job_id)
-    outcome = await store.cancel(job_id)
+    job_store = _job_store(request)
+    await _job_or_404(job_store, job_id)
+    outcome = await job_store.cancel(job_id)
     _metrics(request).cancels.labels(outcome.partition(":")[0]).inc()
     if outcome == "missing":
-        raise APIError(404, f"no job {job_id!r}", param="job_id")
+        raise ResourceNotFound(f"no job {job_id!r}", param="job_id")
     if outcome.startswith("already:"):
-        raise APIError(409, f"job {job_id} already {outcome.partition(':')[2]}; only queued or running jobs "
+        raise Conflict(f"job {job_id} already {outcome.partition(':')[2]}; only queued or running jobs "
                        "can be cancelled")
-    return await _job_or_404(store, job_id)
+    return await _job_or_404(job_store, job_id)
 
 
 @router.get("/jobs/{job_id}/events")
 async def job_events(request: Request, job_id: str, follow: bool = False,
                      after: str | None = Query(None, description="stream id of the last event seen"),
                      last_event_id: str | None = Header(None, alias="Last-Event-ID")) -> StreamingResponse:
-    store = _store(request)
-    await _job_or_404(store, job_id)
+    job_store = _job_store(request)
+    await _job_or_404(job_store, job_id)
     cursor = after or last_event_id or "0-0"
     if not _STREAM_ID.match(cursor):
-        raise APIError(400, "after / Last-Event-ID must be an event id such as 1700000000000-0", param="after")
+        raise InvalidRequest("after / Last-Event-ID must be an event id such as 1700000000000-0", param="after")
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     if "text/event-stream" in request.headers.get("accept", ""):
-        return StreamingResponse(sse_body(store, job_id, cursor, follow), media_type="text/event-stream",
+        return StreamingResponse(sse_body(job_store, job_id, cursor, follow), media_type="text/event-stream",
                                  headers=headers)
-    return StreamingResponse(ndjson_body(store, job_id, cursor, follow), media_type="application/x-ndjson",
+    return StreamingResponse(ndjson_body(job_store, job_id, cursor, follow), media_type="application/x-ndjson",
                              headers=headers)
 
 
 @router.get("/jobs/{job_id}/report")
 async def job_report(request: Request, job_id: str, format: Literal["json", "html"] = "json") -> Response:
-    job = await _job_or_404(_store(request), job_id)
+    job = await _job_or_404(_job_store(request), job_id)
     if job.status != "succeeded":
-        raise APIError(409, f"job {job_id} is {job.status}; a report exists once it has succeeded")
+        raise Conflict(f"job {job_id} is {job.status}; a report exists once it has succeeded")
     # The local folder or the report store (clm_trainer.report_store): blocking file and store reads, off the loop.
     report = await asyncio.to_thread(find_report, _settings(request), job_id)
     if report is None:
-        raise APIError(404, f"the report of job {job_id} is no longer available (neither under the work root nor "
-                       "in the report store)")
+        raise ResourceNotFound(f"the report of job {job_id} is no longer available (neither under the work root "
+                               "nor in the report store)")
     content = await asyncio.to_thread(report.read, REPORT_JSON if format == "json" else REPORT_HTML)
     if content is None:
-        raise APIError(404, f"job {job_id} has no {format.upper()} report")
+        raise ResourceNotFound(f"job {job_id} has no {format.upper()} report")
     if format == "json":
         return JSONResponse(json.loads(content))
     return HTMLResponse(await asyncio.to_thread(_inline_diagrams, content.decode("utf-8"), report))
@@ -162,8 +163,8 @@ async def health(request: Request) -> dict:
 
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
-    store, metrics_ = _store(request), _metrics(request)
+    job_store, metrics_ = _job_store(request), _metrics(request)
     await request.app.state.check_redis()
-    metrics_.queued.set(await store.client.llen(store.keys.queue))
-    metrics_.running.set(await store.client.zcard(store.keys.leases))
+    metrics_.queued.set(await job_store.client.llen(job_store.keys.queue))
+    metrics_.running.set(await job_store.client.zcard(job_store.keys.leases))
     return Response(generate_latest(metrics_.registry), media_type=CONTENT_TYPE_LATEST)

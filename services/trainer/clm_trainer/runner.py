@@ -4,7 +4,7 @@
 three things the in-process CLI run does not need:
 
 * **Stop points.** ``should_cancel`` is checked on every progress event the
-  recipe sends its observer (every training step, every embedded batch,
+  recipe sends its observer (every training step, every embedded chunk,
   every phase), so a cancel, a lost lease or a worker shutdown stops the run
   within one step.
 * **Resume.** ``<work_dir>/resume`` is the recipe's resume folder: the loop
@@ -103,7 +103,8 @@ def run_job(cfg: RecipeConfig, *, job_id: str, work_dir: Path, observer: RunObse
     stop_points = _StopPoints(should_cancel)
     recipe = TrainCLMHeadsRecipe(cfg, observer=Observers(stop_points, observer), resume_dir=resume_dir,
                                  publisher=OncePerJobPublisher(job_id, work_dir, should_cancel,
-                                                                 HeadsPublisher(cfg.output.publish_retry_s)))
+                                                                 HeadsPublisher(cfg.output.publish_retry_s)),
+                                 actor=f"trainer job {job_id}")
     recipe.run_train_validation_loop()
     assert recipe.result is not None  # the worker runs one process: rank 0
     return {**recipe.result.as_dict(), "resumed_from_epoch": stop_points.resumed_from_epoch}

@@ -15,7 +15,7 @@ import time
 from collections.abc import AsyncIterator
 
 from .keys import TERMINAL_STATUSES
-from .store import JobStore, StoredEvent
+from .job_store import JobStore, StoredEvent
 
 SSE_KEEPALIVE_S = 15.0
 
@@ -24,12 +24,12 @@ def _is_terminal(event: StoredEvent) -> bool:
     return event.data.get("type") in TERMINAL_STATUSES
 
 
-async def iter_events(store: JobStore, job_id: str, after: str, follow: bool) -> AsyncIterator[StoredEvent | None]:
+async def iter_events(job_store: JobStore, job_id: str, after: str, follow: bool) -> AsyncIterator[StoredEvent | None]:
     """Stored events after ``after``; when following, ``None`` marks an idle wait (for keep-alives)."""
-    block_ms = max(100, min(1000, int(store.settings.redis_timeout_s * 1000 / 2)))
+    block_ms = max(100, min(1000, int(job_store.settings.redis_timeout_s * 1000 / 2)))
     cursor = after
     while True:
-        batch = await store.events(job_id, cursor, block_ms=block_ms if follow else None)
+        batch = await job_store.events(job_id, cursor, block_ms=block_ms if follow else None)
         for event in batch:
             cursor = event.id
             yield event
@@ -41,22 +41,22 @@ async def iter_events(store: JobStore, job_id: str, after: str, follow: bool) ->
             continue
         if not batch:
             # The terminal event may have been trimmed away by the cap; the status is the ground truth.
-            if store.is_terminal(await store.status(job_id)):
-                for event in await store.events(job_id, cursor):
+            if job_store.is_terminal(await job_store.status(job_id)):
+                for event in await job_store.events(job_id, cursor):
                     yield event
                 return
             yield None
 
 
-async def ndjson_body(store: JobStore, job_id: str, after: str, follow: bool) -> AsyncIterator[bytes]:
-    async for event in iter_events(store, job_id, after, follow):
+async def ndjson_body(job_store: JobStore, job_id: str, after: str, follow: bool) -> AsyncIterator[bytes]:
+    async for event in iter_events(job_store, job_id, after, follow):
         if event is not None:
             yield (json.dumps({"id": event.id, **event.data}) + "\n").encode()
 
 
-async def sse_body(store: JobStore, job_id: str, after: str, follow: bool) -> AsyncIterator[bytes]:
+async def sse_body(job_store: JobStore, job_id: str, after: str, follow: bool) -> AsyncIterator[bytes]:
     last_sent = time.monotonic()
-    async for event in iter_events(store, job_id, after, follow):
+    async for event in iter_events(job_store, job_id, after, follow):
         if event is None:
             if time.monotonic() - last_sent >= SSE_KEEPALIVE_S:
                 last_sent = time.monotonic()

@@ -13,11 +13,16 @@ Failure behaviour, by design:
   ``cancel_poll_seconds``; the run stops at its next step and ends ``cancelled``.
 * **Zombie** (paused past its lease, then resumed): its fenced writes are
   refused; it notices on its next heartbeat and abandons the run.
-* **Redis outage**: the worker keeps training and retries its writes; the
-  finish is retried until Redis is back (or the lease is known lost).
+* **Redis outage**: the worker keeps training; its progress writes are
+  dropped meanwhile (``job_progress``) and its heartbeats fail until Redis
+  answers; reading the job's config, the finish and the release are retried
+  until Redis is back (or the lease is known lost).
 * **Report store outage** (``CLM_TRAINER_REPORT_STORE``): the finished job's
-  report upload is retried for up to two minutes, then the job fails with the
-  store's error (its heads are published; its report stays in the work root).
+  report upload is retried for up to ``CLM_TRAINER_REPORT_STORE_RETRY_S``
+  (two minutes by default). Past it, or at once when the store refuses the
+  write, the job still succeeds (its heads are published): its result's
+  ``report_error`` says why, and its report stays in the work root (an API
+  that sees that folder serves it).
 """
 
 from __future__ import annotations
@@ -52,7 +57,6 @@ logger = logging.getLogger(__name__)
 # How a worker waits for Redis (restarting, failing over): until it answers, with jittered backoff.
 _CLAIM_RETRY = RetryPolicy(initial_wait_s=0.5, max_wait_s=10.0)
 _CALL_RETRY = RetryPolicy(initial_wait_s=0.2, max_wait_s=5.0)
-# A finished job's report upload, while the report store is unavailable: a while, then the job fails (unavailable).
 
 
 def _redis_down(error: BaseException) -> bool:

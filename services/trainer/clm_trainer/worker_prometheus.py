@@ -30,14 +30,16 @@ class WorkerMetrics:
         self.phase_seconds = Histogram("clm_trainer_worker_phase_seconds", "Wall time of each job phase "
                                        "(embedding, training, evaluating, ...).", ["phase"], registry=r,
                                        buckets=_PHASE_BUCKETS)
-        self.texts_embedded = Counter("clm_trainer_worker_texts_embedded", "Texts the embedder encoded for this "
-                                      "worker's jobs (rate() of it is texts/s).", registry=r)
+        self.texts_embedded = Counter("clm_trainer_worker_texts_embedded", "Texts this worker's jobs asked their "
+                                      "encoder for: the embedder, or a local model on a vector-cache miss "
+                                      "(rate() of it is texts/s).", registry=r)
         self.embedding_texts_per_second = Gauge("clm_trainer_worker_embedding_texts_per_second",
                                                 "Texts/s of the last finished embedding phase.", registry=r)
         self.lease_renewals = Counter("clm_trainer_worker_lease_renewals", "Lease heartbeats, by result "
                                       "(renewed, lost, error: Redis unavailable).", ["result"], registry=r)
-        self.retries = Counter("clm_trainer_worker_retries", "Retries, by cause (redis: a queue write retried; "
-                               "embedder: an embedding batch retried while the embedder was unavailable; "
+        self.retries = Counter("clm_trainer_worker_retries", "Retries, by cause (redis: a queue call retried: the "
+                               "job's config, its finish or release; "
+                               "embedder: an embedding chunk retried while the embedder was unavailable; "
                                "report_store: a report upload retried while the report store was unavailable).",
                                ["cause"], registry=r)
         self.report_upload_failures = Counter("clm_trainer_worker_report_upload_failures", "Finished jobs whose "

@@ -1,6 +1,7 @@
 """The embedding cache (ARCHITECTURE §4): Redis (hot) -> LMDB (durable) -> object store (shared) -> encoder.
 
-Typical wiring (the embedder service and the trainer's embedded mode; ``store`` is optional)::
+Typical wiring (the embedder service's; the recipe's local encoder has no ``store``, and Redis only with
+``cache.redis_url``)::
 
     cache = EmbeddingCache(redis=RedisTier(redis_url), disk=DiskTier(cache_dir),
                            store=StoreTier(open_store("s3://bucket/embeddings")))

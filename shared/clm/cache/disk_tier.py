@@ -1,7 +1,8 @@
-"""The durable tier: LMDB on local or shared disk, content-addressed by the cache key.
+"""The local durable tier: LMDB on local or shared disk, content-addressed by the cache key.
 
-It outlives restarts and is the tier every other tier can be rebuilt from.
-Several processes (embedder replicas on one host, a trainer in embedded mode)
+It outlives restarts, and a hit here refills Redis above it (the object store's
+tier, below it, is the shared one: :mod:`clm.cache.store_tier`). Several
+processes (embedder replicas on one host, recipe ranks with a local encoder)
 may open the same directory: LMDB serialises writers with its own lock and
 readers never block. See :mod:`clm.cache.lmdb_env` for the one-environment-
 per-process rule, map growth and the durability settings.

@@ -1,6 +1,6 @@
 """The hot tier: Redis, shared by every embedder replica, bounded by maxmemory/LRU.
 
-Redis is an accelerator here, never the source of truth (the disk tier is), so
+Redis is an accelerator here, never the source of truth (the durable tiers are), so
 this tier is built to fail fast and quietly:
 
 * Short socket timeouts and at most one immediate retry. The single retry

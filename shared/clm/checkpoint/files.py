@@ -17,13 +17,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import io
 import json
 import os
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import safetensors
 import safetensors.torch
@@ -33,6 +35,7 @@ import clm.checkpoint.format as _format
 from clm.checkpoint.format import (
     CHECKPOINT_FORMAT,
     CHECKPOINT_VERSION,
+    DRIFT_FILE,
     JSON_FILE,
     MANIFEST_FILE,
     OPTIONS_FILE,
@@ -43,11 +46,16 @@ from clm.checkpoint.format import (
     content_from_heads,
     split_state_dict,
 )
+from clm.calibration.file import CALIBRATION_FILE, CalibrationFile
 from clm.durable import atomic_write_bytes, fsync_dir, sha256_file
 from clm.encoders.base import EncoderFingerprint
 from clm.heads import CLMHeadPair
 
+if TYPE_CHECKING:  # the checkpoint stores it; clm.promotion owns what it holds
+    from clm.promotion.drift_reference import DriftReference
+
 CHECKPOINT_FILES = (PT_FILE, SAFETENSORS_FILE, JSON_FILE)
+OPTIONAL_FILES = (OPTIONS_FILE, CALIBRATION_FILE, DRIFT_FILE)  # beside the heads, listed in the manifest when there
 
 
 @dataclass(frozen=True)
@@ -84,12 +92,19 @@ def save_checkpoint(
     metrics: dict | None = None,
     parent: str | None = None,
     option_texts: list[str] | None = None,
+    calibration: CalibrationFile | None = None,
+    drift: DriftReference | None = None,
 ) -> LoadedCheckpoint:
     """Write a complete checkpoint into ``directory`` (created if absent; refused if it holds one).
 
     ``option_texts`` (the option texts seen in training) go into ``options.json``,
     hashed in the manifest like every other file, so clm-serve can project them
-    before the first request instead of on first sight.
+    before the first request instead of on first sight. ``calibration`` (fitted for
+    these heads: ``clm.calibration``) goes into ``calibration.json``, stamped with
+    heads.pt's sha256, which only exists once the heads are serialised here; upstream's
+    loader reads heads.pt alone and never sees it. ``drift`` (what clm-serve compares the
+    version's answers with: ``clm.promotion.drift_reference``) goes into ``drift.json``,
+    stamped the same way.
 
     ``template_version`` defaults to the fingerprint's and must agree with it.
     Each file is written atomically and fsynced; the manifest comes last. For
@@ -116,6 +131,12 @@ def save_checkpoint(
     }
     if option_texts is not None:
         blobs[OPTIONS_FILE] = json.dumps({"option_texts": sorted(set(option_texts))}, ensure_ascii=False).encode()
+    if calibration is not None:
+        stamped = dataclasses.replace(calibration, heads_sha256=hashlib.sha256(blobs[PT_FILE]).hexdigest())
+        blobs[CALIBRATION_FILE] = stamped.to_json_bytes()
+    if drift is not None:
+        blobs[DRIFT_FILE] = dataclasses.replace(drift, heads_sha256=hashlib.sha256(blobs[PT_FILE]).hexdigest()
+                                                ).to_json_bytes()
     for name, data in blobs.items():
         atomic_write_bytes(directory / name, data)
     manifest = {
@@ -192,6 +213,33 @@ def read_option_texts(path: str | os.PathLike) -> list[str]:
     return texts
 
 
+def read_calibration(path: str | os.PathLike) -> bytes | None:
+    """The calibration file of a checkpoint (directory or heads.pt), checked against the manifest; None when it
+    has none (always for a loose .pt file of another name). What it holds is ``clm.calibration.file``'s to read."""
+    return _read_companion(path, CALIBRATION_FILE)
+
+
+def read_drift(path: str | os.PathLike) -> bytes | None:
+    """The drift reference of a checkpoint (directory or heads.pt), checked against the manifest; None when it
+    has none (older versions, a loose .pt file of another name). What it holds is
+    ``clm.promotion.drift_reference``'s to read."""
+    return _read_companion(path, DRIFT_FILE)
+
+
+def _read_companion(path: str | os.PathLike, file_name: str) -> bytes | None:
+    """A file riding beside heads.pt in a version (calibration.json, drift.json), checked against the manifest."""
+    directory, pt_path = _locate(Path(path))
+    companion = directory / file_name
+    if (not Path(path).is_dir() and pt_path.name != PT_FILE) or not companion.is_file():
+        return None
+    data = companion.read_bytes()
+    if (directory / MANIFEST_FILE).is_file():
+        expected = read_manifest(directory)["files"].get(file_name)
+        if expected is None or hashlib.sha256(data).hexdigest() != expected["sha256"]:
+            raise CheckpointError(f"{companion} does not match {MANIFEST_FILE}")
+    return data
+
+
 def _fields(content: CheckpointContent) -> dict:
     return {name: getattr(content, name) for name in CheckpointContent.__dataclass_fields__}
 
@@ -260,11 +308,11 @@ def read_manifest(directory: Path) -> dict:
     if (
         not isinstance(files, dict)
         or manifest.get("format") != CHECKPOINT_FORMAT
-        or not set(CHECKPOINT_FILES) <= set(files) <= {*CHECKPOINT_FILES, OPTIONS_FILE}
+        or not set(CHECKPOINT_FILES) <= set(files) <= {*CHECKPOINT_FILES, *OPTIONAL_FILES}
         or not all(isinstance(v, dict) and {"sha256", "bytes"} <= set(v) for v in files.values())
     ):
         raise CheckpointError(f"{manifest_path}: not a {CHECKPOINT_FORMAT} manifest listing {list(CHECKPOINT_FILES)} "
-                              f"(and optionally {OPTIONS_FILE})")
+                              f"(and optionally {', '.join(OPTIONAL_FILES)})")
     return manifest
 
 

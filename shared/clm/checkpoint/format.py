@@ -34,13 +34,13 @@ from __future__ import annotations
 
 import json
 import numbers
-import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 import torch
 from pydantic import ValidationError
 
+from clm.durable import SHA256_HEX
 from clm.encoders.base import EncoderFingerprint
 from clm.errors import BAD_INPUT, KindedError
 from clm.heads import UPSTREAM_CFG_KEYS, UPSTREAM_HIDDEN_SIZE, UPSTREAM_PROJECTION_DIM, HeadConfig
@@ -53,6 +53,7 @@ PT_FILE = "heads.pt"
 SAFETENSORS_FILE = "heads.safetensors"
 JSON_FILE = "heads.json"
 OPTIONS_FILE = "options.json"  # option texts seen in training (clm-serve warms its action cache with them)
+DRIFT_FILE = "drift.json"  # what clm-serve compares a version's answers with (clm.promotion.drift_reference)
 MANIFEST_FILE = "manifest.json"
 """sha256 and size of the three files above; written last, so its presence marks a complete save."""
 
@@ -67,7 +68,6 @@ OWN_KEYS = frozenset({"format", "version", "encoder", "template_version", "metri
 PAYLOAD_KEYS = UPSTREAM_KEYS | {"projection_dim"} | OWN_KEYS
 """Exactly the top-level keys of a heads.pt we write."""
 _OLD_OWN_KEYS = frozenset({"format", "version", "config", "encoder", "template_version", "state_dict"})
-_SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
 
 class CheckpointError(KindedError, ValueError):
@@ -319,7 +319,7 @@ def _parse_encoder(raw: object, source: str) -> EncoderFingerprint:
 
 
 def _validate_parent(raw: object, source: str) -> str | None:
-    if raw is None or (isinstance(raw, str) and _SHA256_HEX.match(raw)):
+    if raw is None or (isinstance(raw, str) and SHA256_HEX.match(raw)):
         return raw
     raise CheckpointError(f"{source}: parent must be a lowercase sha256 hex digest or None, got {raw!r:.100}")
 

@@ -14,8 +14,11 @@ Publishing (ARCHITECTURE §6: a reader never sees a half-written checkpoint):
    existing, non-empty directory fails, so two publishers can never claim the same
    number: the loser retries with the next one. Version folders only ever appear
    complete.
-3. ``latest`` moves last, under an ``flock`` and only forward, so two publishers
-   finishing out of order cannot move it back to the older version.
+3. ``latest`` moves last, only forward, by compare-and-swap under the pointer's ``flock``
+   (``LocalStore``'s conditional write, the one promotion uses too), so two publishers
+   finishing out of order cannot move it back to the older version. A version published
+   as a candidate (``promote=False``) stops before this step: ``clm.checkpoint.promotion``
+   moves ``latest`` to it later, or never.
 
 ``latest`` is a small file replaced atomically (temp + fsync + ``os.replace``)
 rather than a symlink because shared volumes do not all keep symlinks (object-store
@@ -30,7 +33,6 @@ renames and locks (``clm.checkpoint.versions``). Every function here takes eithe
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import os
 import re
@@ -39,26 +41,31 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from clm.calibration.file import CalibrationFile
 from clm.checkpoint.copies import VersionCache
 from clm.checkpoint.files import LoadedCheckpoint, load_checkpoint, read_manifest, save_checkpoint
 from clm.checkpoint.format import JSON_FILE, MANIFEST_FILE, PT_FILE, CheckpointError
 from clm.checkpoint.versions import (
+    advance_latest,
     checkpoint_files,
     list_store_versions,
     publish_files,
     resolve_store_latest,
     version_label,
 )
-from clm.durable import atomic_write_bytes, fsync_dir, temp_sibling
+from clm.durable import fsync_dir, temp_sibling
 from clm.encoders.base import EncoderFingerprint
 from clm.heads import CLMHeadPair
 from clm.retry import RetryPolicy
-from clm.storage import ObjectStore, StorageError, is_bucket, open_store
+from clm.storage import LocalStore, ObjectStore, StorageError, is_bucket, open_store
+
+if TYPE_CHECKING:
+    from clm.promotion.drift_reference import DriftReference
 
 Root = str | os.PathLike  # a folder, or a bucket location s3://bucket/prefix
 LATEST_FILE = "latest"
-_LOCK_FILE = ".publish.lock"
 _VERSION_DIR = re.compile(r"^v(\d{4,})$")
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _MAX_CLAIM_ATTEMPTS = 1000
@@ -91,8 +98,12 @@ def publish_checkpoint(
     parent: str | None = None,
     option_texts: list[str] | None = None,
     retry: RetryPolicy | None = None,
+    calibration: CalibrationFile | None = None,
+    promote: bool = True,
+    drift: DriftReference | None = None,
 ) -> PublishedVersion:
-    """Write the heads as the next version of ``name`` under ``root`` and move ``latest`` to it.
+    """Write the heads as the next version of ``name`` under ``root`` and move ``latest`` to it (unless
+    ``promote`` is False: a candidate, ``clm.checkpoint.promotion`` promotes it).
 
     ``retry``: how long to keep trying through an outage of a bucket (a folder is not retried: a full
     or read-only volume does not heal by waiting)."""
@@ -100,20 +111,22 @@ def publish_checkpoint(
         store = _bucket(root, name)
         with tempfile.TemporaryDirectory(prefix="clm-publish-") as staging:
             saved = save_checkpoint(Path(staging, "heads"), heads, encoder_fingerprint, template_version, metrics,
-                                    parent, option_texts)
-            version = publish_files(store, name, checkpoint_files(Path(staging, "heads")), retry)
+                                    parent, option_texts, calibration, drift)
+            version = publish_files(store, name, checkpoint_files(Path(staging, "heads")), retry, promote)
         return _in_bucket(store, name, version, saved.sha256)
     name_dir = _name_dir(root, name)
     name_dir.mkdir(parents=True, exist_ok=True)
     staging = temp_sibling(name_dir / "staging", "publish")
     try:
-        saved = save_checkpoint(staging, heads, encoder_fingerprint, template_version, metrics, parent, option_texts)
+        saved = save_checkpoint(staging, heads, encoder_fingerprint, template_version, metrics, parent, option_texts,
+                                calibration, drift)
         version_dir = _claim_next_version(name_dir, staging)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     version = _parse_version(version_dir.name)
-    _advance_latest(name_dir, version)
+    if promote:
+        _advance_latest(name_dir, version)
     return PublishedVersion(name=name, version=version, path=version_dir, sha256=saved.sha256)
 
 
@@ -289,16 +302,7 @@ def _read_latest(name_dir: Path) -> int | None:
 
 
 def _advance_latest(name_dir: Path, version: int) -> None:
-    """Point ``latest`` at ``version`` unless it already points at a newer one (monotonic)."""
-    with open(name_dir / _LOCK_FILE, "a") as lock:
-        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-        try:
-            try:
-                current = _read_latest(name_dir)
-            except CheckpointError:
-                current = None  # a damaged pointer is repaired by the next publish
-            if current is None or version > current:
-                atomic_write_bytes(name_dir / LATEST_FILE, f"{version_label(version)}\n".encode())
-        finally:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
-    fsync_dir(name_dir)
+    """Point ``latest`` at ``version`` unless it already points at a newer one (monotonic): the object-store
+    compare-and-swap buckets use (``clm.checkpoint.versions.advance_latest``), so publishers and promoters
+    (``clm.checkpoint.promotion``) of a folder take one lock, the pointer's own."""
+    advance_latest(LocalStore(name_dir.parent), name_dir.name, version)

@@ -129,10 +129,12 @@ def advance_latest(store: ObjectStore, name: str, version: int) -> None:
     raise CheckpointError(f"could not move {store.url}/{name}/{LATEST_KEY} after {_MAX_ROUNDS} attempts")
 
 
-def publish_files(store: ObjectStore, name: str, files: Mapping[str, bytes], retry: RetryPolicy | None = None) -> int:
+def publish_files(store: ObjectStore, name: str, files: Mapping[str, bytes], retry: RetryPolicy | None = None,
+                  promote: bool = True) -> int:
     """Publish ``files`` (the manifest among them) as the next version of ``name``; returns its number.
 
-    ``retry``: how long to keep trying through an outage of the store (default: one try)."""
+    ``retry``: how long to keep trying through an outage of the store (default: one try). ``promote``: move
+    ``latest`` to it (False: a candidate, for ``clm.checkpoint.promotion``)."""
     if MANIFEST_FILE not in files:
         raise CheckpointError(f"a version needs its {MANIFEST_FILE}")
 
@@ -143,7 +145,8 @@ def publish_files(store: ObjectStore, name: str, files: Mapping[str, bytes], ret
     attempt = (retry or RetryPolicy(attempts=1)).retrying(lambda error: isinstance(error, StoreUnavailable),
                                                            before_sleep=announce)
     version = attempt(_write_version, store, name, files)
-    attempt(advance_latest, store, name, version)
+    if promote:
+        attempt(advance_latest, store, name, version)
     return version
 
 

@@ -20,7 +20,7 @@ import sys
 
 from clm.errors import KindedError, exit_code
 
-SUBCOMMAND_MODULES = ("clm.cli.records", "clm.cli.train", "clm.cli.eval")
+SUBCOMMAND_MODULES = ("clm.cli.records", "clm.cli.train", "clm.cli.eval", "clm.cli.log", "clm.cli.promote")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,5 +1,7 @@
 """``clm records validate PATH...``: check records files before a job spends time on them.
 
+(``clm records from-log``, records from the decision log, is ``clm.cli.log``'s.)
+
 Every file is validated whole (each problem with file, line, record id and
 field); the command prints a summary per file and in total, and exits 1 if
 any file is malformed or unreadable, so it can gate CI and data pipelines.
@@ -32,6 +34,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     validate.add_argument("paths", nargs="+", type=Path, metavar="PATH", help="records file(s)")
     validate.set_defaults(func=run_validate)
+    from clm.cli.log import add_from_log  # noqa: PLC0415  (clm records from-log: the decision log's export)
+
+    add_from_log(actions)
 
 
 def _summary_table(rows: list[tuple[str, RecordsSummary]]) -> Table:

@@ -1,19 +1,26 @@
 """Typed configuration of the decision objective (TorchTitan-style: fields + ``build()``).
 
-Every hyper-parameter is a named, validated field so a YAML recipe or a job
-request gets a clear error for a typo or an out-of-range value instead of a
-silently different loss.  Field names, order and defaults are NeMo
-AutoModel's documented ``DecisionLossConfig``: SFT is label-smoothed (0.05)
-cross-entropy + Brier (1.0) + RPS on score questions (0.5); RL adds a KL to
-the reference policy (0.05) and a log-score anchor (0.1).
+The decision component owns its config, as NeMo AutoModel's ``components/loss/config.py`` does: every
+loss hyper-parameter is declared once, here, with its default, bounds and description, and pydantic checks
+the bounds.  The recipe's ``loss:`` section *is* this class (``clm.recipes.config.LossConfig`` subclasses
+it and adds nothing but the recipe-only mode ``infonce``), so a typo or an out-of-range value fails the
+same way from Python (``DecisionLossConfigError: kl_coef: ...``) and from a YAML recipe or a job request
+(``loss.kl_coef: ...``) instead of silently training a different loss.
+
+Field names, order and defaults are NeMo AutoModel's documented ``DecisionLossConfig``: SFT is
+label-smoothed (0.05) cross-entropy + Brier (1.0) + RPS on score questions (0.5); RL adds a KL to the
+reference policy (0.05) and a log-score anchor (0.1).  It stays a dataclass (a pydantic one) because the
+document shows its fields as its constructor's parameters, positional ones included.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+import functools
+from dataclasses import field
+from typing import TYPE_CHECKING, Annotated, Literal
+
+from pydantic import ConfigDict, Field, ValidationError
+from pydantic.dataclasses import dataclass
 
 from clm.decision.errors import DecisionLossConfigError
 
@@ -23,62 +30,43 @@ if TYPE_CHECKING:
 Mode = Literal["sft", "rl"]
 RLObjective = Literal["expected_reward", "grpo"]
 
+# Numbers are strict (an int is still a float): True is not 1.0 and "yes" is not True, so a slip in a call
+# or a quoted YAML value is refused rather than read as some number. Non-finite floats are refused for every
+# field at once by the model config below.
+Weight = Annotated[float, Field(ge=0.0, strict=True)]
 
-@dataclass(frozen=True)
+# extra="forbid": an unknown key (``lable_smoothing``) is an error, never ignored. Subclasses inherit it.
+_MODEL_CONFIG = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+@dataclass(frozen=True, config=_MODEL_CONFIG)
 class DecisionLossConfig:
-    """Hyper-parameters of :class:`clm.decision.loss.DecisionLoss`.
-
-    SFT fields: ``label_smoothing`` (ε, spread over each question's own real
-    options), ``brier_weight`` (multi-class Brier), ``ordinal_weight`` (RPS on
-    score questions).  RL fields: ``rl_objective``, ``num_samples``,
-    ``sample_temperature`` and ``normalize_advantages`` (GRPO only),
-    ``kl_coef`` (KL to ``targets.ref_logprobs``) and ``anchor_weight``
-    (``-log p[gold]`` on labelled questions).  Both stages:
-    ``question_weights`` (question id -> weight, missing ids weigh 1) multiply
-    each question's weight in the loss, on top of ``targets.weights``.
-    """
+    """Hyper-parameters of :class:`clm.decision.loss.DecisionLoss`; each field's description says what it does."""
 
     mode: Mode = "sft"
-    label_smoothing: float = 0.05
-    brier_weight: float = 1.0
-    ordinal_weight: float = 0.5
-    rl_objective: RLObjective = "expected_reward"
-    num_samples: int = 8
-    sample_temperature: float = 1.0
-    normalize_advantages: bool = True
-    kl_coef: float = 0.05
-    anchor_weight: float = 0.1
-    question_weights: dict[str, float] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.mode not in ("sft", "rl"):
-            raise DecisionLossConfigError(f"mode must be 'sft' or 'rl', got {self.mode!r}")
-        if self.rl_objective not in ("expected_reward", "grpo"):
-            raise DecisionLossConfigError(
-                f"rl_objective must be 'expected_reward' or 'grpo', got {self.rl_objective!r}"
-            )
-        if not _is_number(self.label_smoothing) or not 0.0 <= self.label_smoothing < 1.0:
-            raise DecisionLossConfigError(f"label_smoothing must be in [0, 1), got {self.label_smoothing!r}")
-        for name in ("brier_weight", "ordinal_weight", "kl_coef", "anchor_weight"):
-            value = getattr(self, name)
-            if not _is_number(value) or value < 0:
-                raise DecisionLossConfigError(f"{name} must be a finite number >= 0, got {value!r}")
-        if isinstance(self.num_samples, bool) or not isinstance(self.num_samples, int) or self.num_samples < 2:
-            # A group of one sample is its own baseline: every advantage would be 0.
-            raise DecisionLossConfigError(f"num_samples must be an int >= 2, got {self.num_samples!r}")
-        if not _is_number(self.sample_temperature) or self.sample_temperature <= 0:
-            raise DecisionLossConfigError(f"sample_temperature must be > 0, got {self.sample_temperature!r}")
-        if not isinstance(self.normalize_advantages, bool):
-            raise DecisionLossConfigError(f"normalize_advantages must be a bool, got {self.normalize_advantages!r}")
-        if not isinstance(self.question_weights, Mapping):
-            raise DecisionLossConfigError(f"question_weights must be a mapping, got {self.question_weights!r}")
-        for question_id, weight in self.question_weights.items():
-            if not isinstance(question_id, str) or not _is_number(weight) or weight < 0:
-                raise DecisionLossConfigError(
-                    f"question_weights[{question_id!r}] must map a question id to a finite number >= 0, got {weight!r}"
-                )
-        # A private copy: the caller's dict changing later must not change this loss.
-        object.__setattr__(self, "question_weights", dict(self.question_weights))
+    label_smoothing: Annotated[float, Field(
+        ge=0.0, lt=1.0, strict=True,
+        description="SFT: epsilon of label smoothing, spread over each question's own real options")] = 0.05
+    brier_weight: Annotated[Weight, Field(description="SFT: weight of the multi-class Brier term")] = 1.0
+    ordinal_weight: Annotated[Weight, Field(
+        description="SFT: weight of the ranked-probability score on ordinal (score) questions")] = 0.5
+    rl_objective: Annotated[RLObjective, Field(
+        description="RL: exact expected reward, or GRPO (sampled options, group-mean baseline)")] = "expected_reward"
+    num_samples: Annotated[int, Field(
+        # A group of one sample is its own baseline: every advantage would be 0.
+        ge=2, strict=True, description="GRPO: options sampled per question (a group)")] = 8
+    sample_temperature: Annotated[float, Field(
+        gt=0.0, strict=True, description="GRPO: temperature of the sampling policy")] = 1.0
+    normalize_advantages: Annotated[bool, Field(
+        strict=True, description="GRPO: divide each group's advantages by its reward std")] = True
+    kl_coef: Annotated[Weight, Field(
+        description="RL: weight of the KL to the reference policy (targets.ref_logprobs)")] = 0.05
+    anchor_weight: Annotated[Weight, Field(
+        description="RL: weight of the log-score anchor -log p[gold] on labelled questions")] = 0.1
+    # Validation copies the mapping, so the caller's dict changing later does not change this loss.
+    question_weights: Annotated[dict[str, Weight], Field(
+        description="question id -> weight (missing ids weigh 1), multiplied into each question's weight "
+                    "on top of targets.weights; sft and rl")] = field(default_factory=dict)
 
     def build(self) -> DecisionLoss:
         """Construct the loss module this configuration describes (``DecisionLoss(self)``)."""
@@ -87,5 +75,28 @@ class DecisionLossConfig:
         return DecisionLoss(self)
 
 
-def _is_number(value: object) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+def _describe(error: ValidationError) -> str:
+    """``key: why (got value)`` per problem, in one line: the keys are the constructor's parameters."""
+    problems = []
+    for problem in error.errors():
+        key = ".".join(str(part) for part in problem["loc"]) or "<config>"
+        problems.append(f"{key}: {problem['msg']} (got {problem['input']!r})")
+    return "; ".join(problems)
+
+
+def _raise_config_errors(validated_init):  # type: ignore[no-untyped-def]
+    """A Python call raises the component's own ``DecisionLossConfigError`` (a ``ValueError``, kind bad
+    input), so callers tell a bad configuration from a bad batch. Only the constructor is wrapped: a model
+    that nests the config (the recipe) validates it without ``__init__`` and keeps pydantic's key paths."""
+
+    @functools.wraps(validated_init)
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        try:
+            validated_init(self, *args, **kwargs)
+        except ValidationError as error:
+            raise DecisionLossConfigError(_describe(error)) from None
+
+    return __init__
+
+
+DecisionLossConfig.__init__ = _raise_config_errors(DecisionLossConfig.__init__)  # type: ignore[method-assign]

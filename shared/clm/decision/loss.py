@@ -24,11 +24,13 @@ denominator for exact gradient accumulation across microbatches.
 
 from __future__ import annotations
 
+from typing import get_args
+
 import torch
 from torch import nn
 
 from clm.decision import rl, sft
-from clm.decision.config import DecisionLossConfig
+from clm.decision.config import DecisionLossConfig, Mode
 from clm.decision.constants import IGNORE_INDEX, SCORE_TYPE
 from clm.decision.errors import DecisionLossConfigError, DecisionLossInputError
 from clm.decision.infonce import group_masked_bidirectional_infonce
@@ -71,6 +73,10 @@ class DecisionLoss(nn.Module):
         super().__init__()
         if not isinstance(config, DecisionLossConfig):
             raise DecisionLossConfigError(f"DecisionLoss needs a DecisionLossConfig, got {type(config).__name__}")
+        if config.mode not in get_args(Mode):
+            # A subclass may widen mode (the recipe's loss section adds 'infonce', an objective of its own);
+            # this loss would otherwise run any mode but 'sft' as RL.
+            raise DecisionLossConfigError(f"DecisionLoss runs mode 'sft' or 'rl', got {config.mode!r}")
         self.config = config
 
     # ---------------------------------------------------------------- weights

@@ -118,7 +118,7 @@ class EncoderInputError(EncoderError):
 
 @runtime_checkable
 class EncoderBackend(Protocol):
-    """An async encoder: the embedder service and the trainer's embedded mode both use it."""
+    """An async encoder: what the embedder service, clm-serve and the recipe all encode with."""
 
     fingerprint: EncoderFingerprint
     dim: int

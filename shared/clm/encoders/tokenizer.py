@@ -21,9 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from clm.encoders.base import EncodeResult, EncoderBackend, EncoderError
+from clm.encoders.http_transport import AsyncHTTP, Reply, TransportError
 from clm.encoders.options import EncodeOptions, counted_tokens, token_ids_key, token_ids_of
 
 NO_CHAT_TEMPLATE = ("As of transformers v4.44, default chat template is no longer allowed, so you must provide a chat "
@@ -153,16 +152,16 @@ class VLLMTokenizer:
                  timeout_s: float = 60.0, max_concurrency: int = 8) -> None:
         self.served_model = served_model
         self._slots = asyncio.Semaphore(max_concurrency)
-        self._client = httpx.AsyncClient(base_url=base_url.rstrip("/"), timeout=timeout_s,
-                                         headers={"Authorization": f"Bearer {api_key}"} if api_key else None)
+        self._client = AsyncHTTP(base_url, timeout_s=timeout_s, max_connections=max_concurrency,
+                                 headers={"Authorization": f"Bearer {api_key}"} if api_key else None)
 
     async def _post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
         if self.served_model:
             payload = {"model": self.served_model, **payload}
         async with self._slots:
             try:
-                response = await self._client.post(path, json=payload)
-            except httpx.HTTPError as error:
+                response = await self._client.post_json(path, payload)
+            except TransportError as error:
                 raise EncoderError(f"vLLM's {path} at {self._client.base_url} failed: {error}") from error
         if response.status_code == 400:
             raise TokenizerRefused(_vllm_message(response))
@@ -207,8 +206,8 @@ class VLLMTokenizer:
         payload: dict[str, Any] = {"input": text, **({"model": self.served_model} if self.served_model else {})}
         async with self._slots:
             try:
-                response = await self._client.post("/v1/embeddings", json=payload)
-            except httpx.HTTPError:
+                response = await self._client.post_json("/v1/embeddings", payload)
+            except TransportError:
                 return None
         if response.status_code != 400:
             return None
@@ -219,7 +218,7 @@ class VLLMTokenizer:
         await self._client.aclose()
 
 
-def _vllm_message(response: httpx.Response) -> str:
+def _vllm_message(response: Reply) -> str:
     try:
         error = response.json().get("error")
         return str(error.get("message") if isinstance(error, dict) else error)

@@ -9,9 +9,9 @@ What it adds over a bare POST:
 * vectors travel as base64 little-endian float32 (3-10% faster than JSON floats,
   bit-identical);
 * transient faults (connection refused or reset, timeouts, 5xx) are retried
-  with exponential backoff, then reported as :class:`EncoderError`, which the
-  embedder turns into 503; a 4xx is the input's fault and is reported as
-  :class:`EncoderInputError` naming the offending input.
+  with exponential backoff, then reported as :class:`EncoderUnavailable` (an
+  ``EncoderError``: the embedder answers 503); a 4xx is the input's fault and
+  is reported as :class:`EncoderInputError` naming the offending input.
 
 ``base_url`` may list several vLLM replicas (comma-separated, or a list): each
 request goes to the one with the fewest requests in flight, a failed attempt is
@@ -40,7 +40,6 @@ import base64
 import time
 from typing import Any
 
-import httpx
 import numpy as np
 
 from clm.encoders.base import (
@@ -53,6 +52,7 @@ from clm.encoders.base import (
     EncoderUnavailable,
 )
 from clm.encoders.batching import batch_by_budget
+from clm.encoders.http_transport import Reply, TransportError
 from clm.encoders.options import EncodeOptions, token_ids_of
 from clm.encoders.vllm_replicas import PROBE_TEXT, Replica, ReplicaSet, parse_urls
 from clm.retry import RetryPolicy
@@ -64,6 +64,13 @@ class _Refused(Exception):
     def __init__(self, status: int, detail: str) -> None:
         super().__init__(detail)
         self.status, self.detail = status, detail
+
+
+class _ServerError(Exception):
+    """A 5xx answer: the server's fault, transient (retried, on another replica where there is one)."""
+
+    def __init__(self, url: str, reply: Reply) -> None:
+        super().__init__(f"{url} answered {reply.status_code}: {_error_detail(reply)[:300]}")
 
 
 class _Skipped(Exception):
@@ -88,12 +95,11 @@ class _FirstFailure:
 def _is_transient(exc: BaseException) -> bool:
     if isinstance(exc, EncoderUnavailable):  # no replica could take the request yet
         return True
-    if isinstance(exc, httpx.HTTPStatusError):
-        return exc.response.status_code >= 500
-    return isinstance(exc, httpx.TransportError)  # connect/read errors, timeouts, dropped connections
+    # a 5xx, or connect/read errors, timeouts, dropped connections
+    return isinstance(exc, (_ServerError, TransportError))
 
 
-def _error_detail(response: httpx.Response) -> str:
+def _error_detail(response: Reply) -> str:
     try:
         body = response.json()
         error = body.get("error", body) if isinstance(body, dict) else body
@@ -153,12 +159,11 @@ class VLLMEncoder:
         # The one bound on this client's work in flight: requests (each at most max_batch_texts texts).
         self.max_in_flight = max_concurrency * len(urls)
         self._slots = asyncio.Semaphore(self.max_in_flight)
-        # vLLM's --api-key (and the embedder's): a bearer token; never logged (httpx logs no headers).
+        # vLLM's --api-key (and the embedder's): a bearer token; never logged (no client logs headers).
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
-        timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 5.0))
         # Each replica's pool admits every slot: with a replica down, the others take its share.
-        limits = httpx.Limits(max_connections=self.max_in_flight, max_keepalive_connections=self.max_in_flight)
-        self._replicas = ReplicaSet(urls, timeout=timeout, headers=headers, limits=limits,
+        self._replicas = ReplicaSet(urls, timeout_s=timeout_s, connect_timeout_s=min(timeout_s, 5.0), headers=headers,
+                                    max_connections=self.max_in_flight,
                                     probe_payload=self._payload([PROBE_TEXT], EncodeOptions()))
 
     # ---- EncoderBackend -------------------------------------------------------------------
@@ -179,8 +184,8 @@ class VLLMEncoder:
         vectors = np.empty((len(texts), self.dim), dtype=np.float32)
         # Once a batch fails for good, the batches not yet sent are skipped and the ones in flight
         # finish their current attempt without retrying, never cancelled: a request cancelled inside
-        # httpx's pool can leave its connection slot taken, and after a few outages every slot was
-        # gone, so the next request waited for a connection forever (a trainer job stuck in its
+        # an HTTP client's pool could leave its connection slot taken (httpx's did), and after a few
+        # outages every slot was gone, so the next request waited for a connection forever (a trainer job stuck in its
         # embedding phase after the embedder came back: tests/faults/test_faults_stack.py).
         failure = _FirstFailure()
         outcomes = await asyncio.gather(*(self._encode_batch(texts, batch, options, failure) for batch in batches),
@@ -241,7 +246,7 @@ class VLLMEncoder:
                 with attempt:
                     attempts += 1
                     return await self._post_once(inputs, options, tried)
-        except (httpx.HTTPStatusError, httpx.TransportError, EncoderUnavailable) as exc:
+        except (_ServerError, TransportError, EncoderUnavailable) as exc:
             # An outage (the caller may wait and try again: clm.encoders.retrying) or a refusal of another kind.
             where = tried[-1].url if tried[-1] is not None else self.base_url
             raise (EncoderUnavailable if _is_transient(exc) else EncoderError)(
@@ -280,10 +285,10 @@ class VLLMEncoder:
         payload = self._payload(inputs, options)
         replica.in_flight += 1
         try:
-            response = await replica.client.post("/v1/embeddings", json=payload)
+            response = await replica.client.post_json("/v1/embeddings", payload)
             if response.status_code >= 500:
-                response.raise_for_status()  # HTTPStatusError: transient, retried (on another replica)
-        except (httpx.TransportError, httpx.HTTPStatusError) as error:
+                raise _ServerError(replica.url, response)  # transient, retried (on another replica)
+        except (TransportError, _ServerError) as error:
             self._replicas.failed(replica, error)
             raise
         finally:
@@ -295,7 +300,7 @@ class VLLMEncoder:
         normalize = self.fingerprint.normalize if options.normalize is None else options.normalize
         return self._decode(response, len(inputs), normalize, replica.url)
 
-    def _check_encoder(self, response: httpx.Response, url: str) -> None:
+    def _check_encoder(self, response: Reply, url: str) -> None:
         """Refuse vectors computed by another encoder than ``self.fingerprint`` (checked on every response)."""
         digest = response.headers.get(ENCODER_DIGEST_HEADER)
         if digest is None:
@@ -307,7 +312,7 @@ class VLLMEncoder:
             raise EncoderChanged(url, expected=self.fingerprint.digest, got=digest)
         self.verified_at = time.monotonic()
 
-    def _decode(self, response: httpx.Response, expected: int, normalize: bool, url: str) -> tuple[np.ndarray, int]:
+    def _decode(self, response: Reply, expected: int, normalize: bool, url: str) -> tuple[np.ndarray, int]:
         try:
             body = response.json()
             rows = sorted(body["data"], key=lambda item: item["index"])

@@ -38,6 +38,7 @@ import httpx
 import numpy as np
 
 from clm.encoders.base import EncoderError, EncoderUnavailable
+from clm.encoders.http_transport import AsyncHTTP, TransportError
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +111,7 @@ def identify(client: httpx.Client, url: str, probe_payload: dict[str, Any]) -> R
 @dataclass(eq=False)
 class Replica:
     url: str
-    client: httpx.AsyncClient
+    client: AsyncHTTP
     in_flight: int = 0
     requests: int = 0  # embedding requests answered (any status) since start
     failures: int = 0  # requests and identity probes that met an outage or were refused
@@ -126,10 +127,12 @@ class Replica:
 class ReplicaSet:
     """The replicas of one client, the choice of one per request, and their identities (see module doc)."""
 
-    def __init__(self, urls: Sequence[str], *, timeout: httpx.Timeout, headers: dict[str, str] | None,
-                 limits: httpx.Limits, probe_payload: dict[str, Any]) -> None:
-        self.replicas = [Replica(url, httpx.AsyncClient(base_url=url, timeout=timeout, headers=headers,
-                                                        limits=limits)) for url in urls]
+    def __init__(self, urls: Sequence[str], *, timeout_s: float, connect_timeout_s: float,
+                 headers: dict[str, str] | None, max_connections: int, probe_payload: dict[str, Any]) -> None:
+        self.replicas = [Replica(url, AsyncHTTP(url, timeout_s=timeout_s, connect_timeout_s=connect_timeout_s,
+                                                headers=headers, max_connections=max_connections)) for url in urls]
+        # The identity probes are blocking calls (start-up, or on a thread): httpx's blocking client.
+        timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
         self.reference: ReplicaIdentity | None = None  # the identity every replica must match
         self.reference_url = ""
         self._timeout, self._headers, self._probe_payload = timeout, headers, probe_payload
@@ -236,8 +239,8 @@ class ReplicaSet:
     @staticmethod
     async def _healthy(replica: Replica) -> bool:
         try:
-            response = await replica.client.get("/health", timeout=5.0)
-        except httpx.HTTPError:
+            response = await replica.client.get("/health", timeout_s=5.0)
+        except TransportError:
             return False
         return response.status_code == 200
 

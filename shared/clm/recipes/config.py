@@ -12,7 +12,6 @@ directory of the process that runs the recipe.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import os
 from pathlib import Path
@@ -20,10 +19,12 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 
+from clm.calibration.config import CalibrationConfig
 from clm.checkpoint.compat import AssumedEncoder
-from clm.decision.config import DecisionLossConfig
-from clm.decision.errors import DecisionLossConfigError
+from clm.decision.config import DecisionLossConfig, Mode as DecisionMode
+from clm.decision_log.window import LogWindow
 from clm.encoders.spec import (EMBEDDER_API_KEY_ENV, DEFAULT_ENCODER_MAX_TOKENS, DEFAULT_ENCODER_MODEL,
                                DEFAULT_ENCODER_POOLING, EncoderSpec, spec_from_settings)
 from clm.errors import BAD_INPUT, KindedError
@@ -36,10 +37,6 @@ RecipeMode = Literal["eval", "train"]
 # The documented encoder (clm.encoders.spec: Qwen/Qwen3-8B, last-token, 2048 tokens), by name: a config
 # that runs it locally points ``encoder.model`` at its folder (nothing is downloaded); the example
 # config picks MiniLM with 256 tokens for CPU laptops.
-# The loss defaults are DecisionLossConfig's own (the documented ones), so a default run is the
-# documented objective, not plain cross-entropy.
-_LOSS_DEFAULTS = DecisionLossConfig()
-LossMode = Literal["sft", "rl", "infonce"]
 
 # Validation metrics a run can select its best epoch by, and which way is better.
 EVAL_METRIC_DIRECTIONS: dict[str, Literal["min", "max"]] = {
@@ -64,23 +61,44 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# Every records file a recipe reads, as ``data.<key>``: where a service confines paths, it confines each of these.
+DATA_FILES = ("train", "validation", "test", "calibration")
+LOG_SPLITS = ("train", "validation", "test")  # the files a ``data.log`` window is exported into
+
+
 class DataConfig(_Section):
     """SystemOne record files (JSON lines, gzip or not). ``train`` is required in train mode only.
 
     Each is a local path or an ``s3://bucket/key`` URL (read through ``clm.storage.read_url``, with the
-    standard ``AWS_*`` variables).
+    standard ``AWS_*`` variables). Or ``log``: a window of the decision log, exported into train, validation
+    and test by the run itself (``clm.decision_log.window``); the files are then not named.
     """
 
     train: Location | None = None
-    validation: Location
+    validation: Location | None = None  # required unless ``log``
     test: Location | None = None
+    # Answers the heads are calibrated and certified on (clm.calibration). None: a share of validation, chosen by
+    # record id (calibration.validation_share), which model selection then never sees.
+    calibration: Location | None = None
+    log: LogWindow | None = None
 
-    @field_validator("train", "validation", "test")
+    @field_validator("train", "validation", "test", "calibration")
     @classmethod
     def _object_url(cls, value: Path | str | None) -> Path | str | None:
         if isinstance(value, str):  # a bucket location (Location keeps those as text): it must name one object
             parse_object_url(value)
         return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "DataConfig":
+        if self.log is not None:
+            named = [f"data.{split}" for split in LOG_SPLITS if getattr(self, split) is not None]
+            if named:
+                raise ValueError(f"data.log makes train, validation and test from the decision log: leave "
+                                 f"{', '.join(named)} unset (or drop data.log)")
+        elif self.validation is None:
+            raise ValueError("data.validation is required (or data.log: a window of the decision log)")
+        return self
 
 
 # EncoderSpec field -> the key of the ``encoder`` section holding it (clm.encoders.spec.spec_from_settings).
@@ -233,48 +251,20 @@ class HeadsConfig(_Section):
     seed: int = Field(0, description="initialisation seed of new heads (no init_checkpoint)")
 
 
-class LossConfig(_Section):
-    """``mode`` picks the objective; the other keys are ``clm.decision.DecisionLossConfig`` fields.
+@pydantic_dataclass(frozen=True)
+class LossConfig(DecisionLossConfig):
+    """The ``loss:`` section: ``clm.decision.DecisionLossConfig`` itself (its fields, defaults, bounds and
+    descriptions are declared there, once), whose ``mode`` also takes the recipe-only ``infonce``.
 
-    ``infonce`` trains on (state, gold option) pairs with in-batch negatives,
-    so heads can be fitted from scratch before SFT; the decision-loss fields
-    are ignored there.
+    ``mode`` picks the objective. ``sft`` and ``rl`` are the component's own modes: the section is the
+    config of ``DecisionLoss`` (clm.recipes.objectives.DecisionObjective, which applies ``question_weights``
+    to the targets, once). ``infonce`` trains on (state, gold option) pairs with in-batch negatives
+    (clm.recipes.objectives.InfoNCEObjective), so heads can be fitted from scratch before SFT; the other keys
+    are still checked but unused there, so one YAML serves every stage (``--loss.mode infonce``). The mode
+    type extends the component's ``Mode`` rather than repeating it; ``DecisionLoss`` refuses ``infonce``.
     """
 
-    mode: LossMode = "sft"
-    label_smoothing: float = Field(_LOSS_DEFAULTS.label_smoothing, ge=0.0, lt=1.0)
-    brier_weight: float = Field(_LOSS_DEFAULTS.brier_weight, ge=0.0)
-    ordinal_weight: float = Field(_LOSS_DEFAULTS.ordinal_weight, ge=0.0)
-    question_weights: dict[str, float] = Field(
-        default_factory=dict, description="per question id weight (missing ids weigh 1); sft and rl"
-    )
-    rl_objective: Literal["expected_reward", "grpo"] = "expected_reward"
-    num_samples: int = Field(8, ge=2)
-    sample_temperature: float = Field(1.0, gt=0.0)
-    normalize_advantages: bool = True
-    kl_coef: float = Field(_LOSS_DEFAULTS.kl_coef, ge=0.0)
-    anchor_weight: float = Field(_LOSS_DEFAULTS.anchor_weight, ge=0.0)
-
-    def decision_loss_config(self) -> DecisionLossConfig:
-        """The objective of an sft/rl run (``question_weights`` go to the targets, not the loss)."""
-        if self.mode == "infonce":
-            raise ValueError("loss.mode 'infonce' does not use DecisionLoss")
-        accepted = {field.name for field in dataclasses.fields(DecisionLossConfig)}
-        # question_weights weigh the targets (record, question) in this recipe, not the loss
-        fields = {key: value for key, value in self.model_dump(exclude={"question_weights"}).items()
-                  if key in accepted}
-        return DecisionLossConfig(**fields)
-
-    @model_validator(mode="after")
-    def _decision_loss_accepts(self) -> "LossConfig":
-        # The fields above mirror DecisionLossConfig; constructing it here keeps
-        # any rule it adds later from surfacing only after the embedding phase.
-        if self.mode != "infonce":
-            try:
-                self.decision_loss_config()
-            except DecisionLossConfigError as error:
-                raise ValueError(str(error)) from None
-        return self
+    mode: Literal[DecisionMode, "infonce"] = DecisionLossConfig.mode  # type: ignore[assignment]
 
 
 class TrainConfig(_Section):
@@ -304,6 +294,9 @@ class OutputConfig(_Section):
     name: str = Field("clm-heads", min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     report_dir: Path = Path("var/reports/clm-heads")
     publish: bool = Field(True, description="publish the best heads (train mode)")
+    promotion: Literal["candidate", "gate", "force"] = Field(
+        "gate", description="once published: promote if the name's gate passes (gate off: at once), keep as a "
+                            "candidate, or promote regardless (audited as forced); clm.recipes.promotion_phase")
     publish_retry_s: float = Field(60.0, ge=0, description="how long publishing to a bucket keeps trying through "
                                    "an outage of the store (0: one try)")
 
@@ -337,12 +330,13 @@ class RecipeConfig(_Section):
     train: TrainConfig = Field(default_factory=TrainConfig)
     output: OutputConfig = Field(default_factory=OutputConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    calibration: CalibrationConfig = Field(default_factory=CalibrationConfig)
     device: str = "cpu"
 
     @model_validator(mode="after")
     def _mode_requirements(self) -> "RecipeConfig":
-        if self.mode == "train" and self.data.train is None:
-            raise ValueError("mode 'train' needs data.train")
+        if self.mode == "train" and self.data.train is None and self.data.log is None:
+            raise ValueError("mode 'train' needs data.train (or data.log)")
         if self.mode == "eval" and self.heads.init_checkpoint is None:
             raise ValueError("mode 'eval' scores heads.init_checkpoint; set it")
         return self
@@ -358,6 +352,8 @@ def format_validation_error(error: ValidationError) -> str:
     for problem in error.errors():
         path = ".".join(str(part) for part in problem["loc"]) or "<config>"
         message = problem["msg"].removeprefix("Value error, ")
+        if problem["type"] == "unexpected_keyword_argument":  # the loss section is a (pydantic) dataclass
+            message = "Extra inputs are not permitted"  # the words of every other section's unknown key
         lines.append(f"{path}: {message}")
     return "\n".join(lines)
 

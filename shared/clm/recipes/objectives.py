@@ -7,6 +7,7 @@ InfoNCE's (state, gold option) pairs are built here too: only it uses them.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -31,20 +32,24 @@ class StepObjective(Protocol):
 
 @dataclass
 class DecisionObjective:
-    """SFT or RL through ``DecisionLoss``; RL's KL reference is fixed when the stage starts."""
+    """SFT or RL through ``DecisionLoss`` configured by ``config`` (the recipe's ``loss:`` section is one);
+    RL's KL reference is fixed when the stage starts."""
 
     config: DecisionLossConfig
     table: EmbeddingTable
     device: torch.device
-    question_weights: Mapping[str, float]
     reference_logprobs: ReferenceLogprobs | None
     generator: torch.Generator  # GRPO sampling; part of the resumable state
 
     def __post_init__(self) -> None:
-        self._loss = self.config.build()
+        # config.question_weights are applied in exactly one place: to the targets (build_targets ->
+        # DecisionTargets.from_questions), where each is multiplied with its record's weight in float64, once
+        # per batch on the CPU, and travels with the targets. The loss is therefore built without them:
+        # DecisionLoss would otherwise multiply them in a second time (and rebuild that column every call).
+        self._loss = dataclasses.replace(self.config, question_weights={}).build()
 
     def __call__(self, heads: CLMHeadPair, records: Sequence[EncodedRecord]) -> tuple[torch.Tensor, dict[str, float]] | None:
-        targets = build_targets(records, self.question_weights, self.device, self.reference_logprobs)
+        targets = build_targets(records, self.config.question_weights, self.device, self.reference_logprobs)
         if float(self._loss.normalization_weight(targets)) == 0.0:
             return None  # no labelled (sft) or rewarded (rl) question in the batch
         batch = score_batch(heads, self.table, records, targets)

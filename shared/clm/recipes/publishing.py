@@ -14,9 +14,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from clm.calibration import CalibrationFile
 from clm.checkpoint import PublishedVersion, publish_checkpoint
 from clm.encoders.base import EncoderFingerprint
 from clm.heads import CLMHeadPair
+from clm.promotion.drift_reference import DriftReference
 from clm.recipes.errors import PublishError
 from clm.retry import RetryPolicy
 from clm.storage import StorageError
@@ -33,6 +35,9 @@ class Publication:
     metrics: dict[str, Any]
     parent: str | None = None  # the sha256 of the checkpoint training started from
     option_texts: list[str] | None = None  # every option text seen (clm-serve pre-projects them)
+    calibration: CalibrationFile | None = None  # fitted for these heads (calibration.json; clm-serve applies it)
+    promote: bool = True  # move latest to it; False: a candidate (clm.recipes.promotion_phase decides)
+    drift: DriftReference | None = None  # what clm-serve compares its answers with (drift.json; docs/drift.md)
 
     def with_metrics(self, **extra: Any) -> Publication:
         return replace(self, metrics={**self.metrics, **extra})
@@ -49,6 +54,7 @@ class HeadsPublisher:
             return publish_checkpoint(publication.root, publication.name, publication.heads.cpu(),
                                       publication.fingerprint, metrics=publication.metrics,
                                       parent=publication.parent, option_texts=publication.option_texts,
-                                      retry=self.retry)
+                                      calibration=publication.calibration, retry=self.retry,
+                                      promote=publication.promote, drift=publication.drift)
         except (OSError, StorageError) as error:
             raise PublishError(publication.root, publication.name, error) from error

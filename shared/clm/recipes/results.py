@@ -32,6 +32,7 @@ class RunResult:
     checkpoint: PublishedVersion | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
     timings: dict[str, Any] = field(default_factory=dict)  # loading, embedding, epochs, evaluation (seconds, rates)
+    promotion: dict[str, Any] | None = None  # what became of the published version (promotion_phase)
 
     def as_dict(self) -> dict[str, Any]:
         checkpoint = None if self.checkpoint is None else {
@@ -40,4 +41,4 @@ class RunResult:
         }
         return {"mode": self.mode, "texts_total": self.texts_total, "texts_embedded": self.texts_embedded,
                 "report": str(self.report_path), "best_epoch": self.best_epoch, "checkpoint": checkpoint,
-                "timings": self.timings}
+                "timings": self.timings, "promotion": self.promotion}

@@ -62,7 +62,8 @@ from clm.heads import CLMHeadPair
 from clm.records import QuestionTarget
 from clm.records.compact import TextIds, load_compact
 from clm.report.assembly import RunFacts, TrainingSummary, write_run_report
-from clm.recipes import embed_phase, embedding_cache
+from clm.calibration import CalibrationFile
+from clm.recipes import calibration_phase, data_phase, drift_phase, embed_phase, promotion_phase, table_cache
 from clm.recipes.config import ConfigError, RecipeConfig, load_config
 from clm.recipes.overrides import OverrideError, config_command_help, split_config_argument, wants_help
 from clm.recipes.distributed import RankInfo, close_distributed, init_distributed, wait_for_peers
@@ -101,6 +102,7 @@ class TrainCLMHeadsRecipe:
         observer: RunObserver | None = None,
         resume_dir: Path | None = None,
         publisher: HeadsPublisher | None = None,
+        actor: str | None = None,
     ) -> None:
         if not isinstance(cfg, RecipeConfig):
             raise ConfigError(f"TrainCLMHeadsRecipe needs a RecipeConfig (clm.recipes.config.load_config / "
@@ -129,18 +131,29 @@ class TrainCLMHeadsRecipe:
         self.texts_embedded = 0  # this run, all ranks together
         self.embedding_ranks: list[dict[str, Any]] = []  # per rank: what it encoded (its shard)
         self.outcome: LoopOutcome | None = None  # of the last _train
+        self.calibration_split: dict[str, Any] | None = None  # where the calibration answers came from; None: none
+        self.calibration: CalibrationFile | None = None  # fitted for the best heads (train mode)
+        self.calibration_scored: list[ScoredQuestion] = []  # the calibration split, scored by the best heads
         self.result: RunResult | None = None  # of run_train_validation_loop, on rank 0
+        self.lineage: dict[str, Any] = {}  # where the records came from (data_phase): the version records it
+        self.actor = actor  # who promotes what this run publishes (audit); None: user@host
+        self.gate: promotion_phase.GateRecords | None = None  # the name's gate and its records (setup)
+        self.gate_splits: dict[str, EncodedSplit] = {}  # the gate's records, encoded from this run's table
+        self.promotion: dict[str, Any] | None = None  # what promotion_phase did with the published version
 
     # ---------------------------------------------------------------- setup
     def setup(self) -> None:
         """Initialise distributed state, load data, and make sure every text has a cached embedding."""
         self.rank = init_distributed()
+        self.cfg, self.lineage = data_phase.resolve_data(self.cfg, self.rank.world_size)
         data = self.cfg.data
         # Eval runs load train too: the report's baselines are fitted on it (clm.evaluation.comparison).
         splits = {"train": data.train, "validation": data.validation, "test": data.test}
         started = time.perf_counter()
         text_ids = TextIds()  # texts deduplicated while the files stream (clm.records.compact)
         compact = {split: load_compact(path, text_ids) for split, path in splits.items() if path is not None}
+        self.calibration_split = calibration_phase.take_calibration_split(self.cfg, compact, text_ids)
+        self.gate = promotion_phase.read_gate_records(self.cfg, text_ids)  # its texts embed with the run's
         seconds = time.perf_counter() - started
         records = sum(len(split) for split in compact.values())
         self.timings["loading"] = {"records": records, "questions": sum(s.question_count for s in compact.values()),
@@ -159,6 +172,8 @@ class TrainCLMHeadsRecipe:
         row_texts = self.texts if len(self.table) == len(self.texts) else self.table.texts
         self.encoded = {split: EncodedSplit(split_records, rows, row_texts) for split, split_records in compact.items()}
         self.records = self.encoded
+        if self.gate is not None:
+            self.gate_splits = {part: EncodedSplit(records, rows, row_texts) for part, records in self.gate.parts.items()}
         option_rows = np.unique(np.concatenate([split.option_rows for split in self.encoded.values()]))
         self.option_texts = [row_texts[row] for row in option_rows.tolist()]
 
@@ -189,7 +204,7 @@ class TrainCLMHeadsRecipe:
         """Where the table of exactly ``texts`` under this encoder lives (``cache.dir/tables/...``)."""
         if self.contract is None:
             self.contract = self._embedding_config()
-        return embedding_cache.table_cache_path(self.cfg.cache.dir, self.contract.fingerprint.digest, texts)
+        return table_cache.table_cache_path(self.cfg.cache.dir, self.contract.fingerprint.digest, texts)
 
     def _raise_cache_failure(self, failure: Exception | None, phase: str) -> None:
         """Propagate cache filesystem failures before any rank enters the next phase (collective under
@@ -293,8 +308,7 @@ class TrainCLMHeadsRecipe:
         if loss.mode == "rl" and loss.kl_coef > 0:
             # The KL anchor is the policy this stage started from, computed once and frozen.
             reference = reference_logprobs(self._score(heads, self.encoded["train"], self.cfg.train.eval_batch_size))
-        return DecisionObjective(loss.decision_loss_config(), self.table, self.device, loss.question_weights,
-                                 reference, sample_generator)
+        return DecisionObjective(loss, self.table, self.device, reference, sample_generator)
 
     def _run_digest(self) -> str:
         """Identity of a run for resuming: everything that shapes training (not where outputs go)."""
@@ -341,7 +355,8 @@ class TrainCLMHeadsRecipe:
 
     def _publish(self, heads: CLMHeadPair, before: dict[str, list[ScoredQuestion]],
                  after: dict[str, list[ScoredQuestion]]) -> PublishedVersion:
-        """The best heads as the next version of ``output.name``; overall metrics ride inside."""
+        """The best heads as the next version of ``output.name``; overall metrics ride inside, and so does the
+        drift reference clm-serve compares its answers with (``clm.recipes.drift_phase``)."""
         assert self.outcome is not None
         self.progress(ProgressEvent("publishing", 0, 1, self.cfg.output.name))
         metrics = {
@@ -349,14 +364,27 @@ class TrainCLMHeadsRecipe:
             "best_epoch": self.outcome.best_epoch, "texts_embedded": self.texts_embedded,
             "before": {split: metrics["overall"] for split, metrics in metrics_by_split(before).items()},
             "after": {split: metrics["overall"] for split, metrics in metrics_by_split(after).items()},
+            "lineage": self.lineage,
         }
         assert self.contract is not None
         version = self.publisher.publish(Publication(
             self.cfg.output.checkpoint_root, self.cfg.output.name, heads, self.contract.fingerprint, metrics,
             parent=None if self.init_checkpoint is None else self.init_checkpoint.sha256,
-            option_texts=self.option_texts))
+            option_texts=self.option_texts, calibration=self.calibration,
+            promote=promotion_phase.promotes_at_publish(self.cfg, self.gate),
+            drift=drift_phase.drift_reference(after["validation"], self.calibration, self.encoded["train"])))
         self.progress(ProgressEvent("publishing", 1, 1, version.label))
         return version
+
+    def _calibrate(self, heads: CLMHeadPair) -> None:
+        """Fit the calibration file of ``heads`` on the calibration split (when this run calibrates)."""
+        if self.calibration_split is None:
+            return
+        assert self.contract is not None
+        split = calibration_phase.CALIBRATION_SPLIT
+        self.calibration_scored = self._score(heads, self.encoded[split], self.cfg.train.eval_batch_size, split)
+        self.calibration = calibration_phase.fit_for_heads(self.calibration_scored, self.cfg.calibration,
+                                                           self.contract.fingerprint.digest, self.calibration_split)
 
     def _run_facts(self) -> RunFacts:
         """What the report says about this run besides its scores (``clm.report.assembly``)."""
@@ -369,7 +397,8 @@ class TrainCLMHeadsRecipe:
             config=cfg.to_json_dict(), fingerprint=contract.fingerprint, dim=contract.dim, table=self.table,
             encoded=self.encoded, texts_total=self.texts_total, texts_embedded=self.texts_embedded,
             world_size=self.rank.world_size, embedding_ranks=self.embedding_ranks, timings=self.timings,
-            init_checkpoint=self.init_checkpoint, training=training)
+            init_checkpoint=self.init_checkpoint, training=training, calibration=self.calibration,
+            calibration_scored=self.calibration_scored, lineage=self.lineage, promotion=self.promotion)
 
     # ---------------------------------------------------------------- the run
     def run_train_validation_loop(self) -> None:
@@ -391,8 +420,10 @@ class TrainCLMHeadsRecipe:
             self._require_metric(before)
             best = self._train(heads)
             after = self._score_eval_splits(best)
+            self._calibrate(best)
             if self.cfg.output.publish:
                 checkpoint = self._publish(best, before, after)
+                self.promotion = promotion_phase.after_publish(self, checkpoint)
         report_path = write_run_report(self._run_facts(), before, after, checkpoint,
                                        tracking=self.cfg.tracking.model_dump())
         outcome = self.outcome
@@ -401,7 +432,7 @@ class TrainCLMHeadsRecipe:
             report_path=report_path, before=metrics_by_split(before),
             after=None if after is None else metrics_by_split(after),
             best_epoch=None if outcome is None else outcome.best_epoch, checkpoint=checkpoint,
-            history=[] if outcome is None else outcome.history, timings=self.timings,
+            history=[] if outcome is None else outcome.history, timings=self.timings, promotion=self.promotion,
         )
 
 

@@ -131,8 +131,26 @@ class CompactRecords:
         """What ``Record.decision_questions()`` returned for the record, in question order."""
         return tuple(self.target(record, question) for question in self.questions_of(record))
 
+    def select(self, records: np.ndarray, source: str | None = None) -> "CompactRecords":
+        """The records at positions ``records`` (ascending), as their own ``CompactRecords`` (the arrays are
+        copied, the schemas shared): how a split is cut in two, e.g. validation into model selection and
+        calibration (``clm.calibration.split``)."""
+        records = np.asarray(records, dtype=np.int64)
+        questions = _ranges(self.question_offsets, records)
+        options = _ranges(self.option_offsets, questions)
+        question_counts = self.question_offsets[records + 1] - self.question_offsets[records]
+        option_counts = self.option_offsets[questions + 1] - self.option_offsets[questions]
+        return CompactRecords(
+            source=source or self.source, record_ids=[self.record_ids[i] for i in records.tolist()],
+            weights=self.weights[records], question_offsets=np.concatenate(([0], np.cumsum(question_counts))),
+            schemas=self.schemas, schema_index=self.schema_index[questions],
+            state_text_ids=self.state_text_ids[questions],
+            option_offsets=np.concatenate(([0], np.cumsum(option_counts))),
+            option_text_ids=self.option_text_ids[options], labels=self.labels[questions],
+            has_rewards=self.has_rewards[questions], rewards=self.rewards[options], strict_lines=self.strict_lines)
+
     def nbytes(self) -> int:
-        """Bytes held by the arrays and record ids (the memory model of the README's Scale section)."""
+        """Bytes held by the arrays and record ids (the memory model of docs/benchmarks.md's Scale section)."""
         arrays = (self.weights, self.question_offsets, self.schema_index, self.state_text_ids, self.option_offsets,
                   self.option_text_ids, self.labels, self.has_rewards, self.rewards)
         ids = sum(len(record_id) + 49 + 8 for record_id in self.record_ids)  # compact str + list slot
@@ -259,6 +277,13 @@ def _expand(values: list[tuple], which: np.ndarray, dtype: type) -> np.ndarray:
     # output position p of record r reads flat[starts[which[r]] + (p - first output position of r)]
     shift = np.repeat(starts[which] - (np.cumsum(run_lengths) - run_lengths), run_lengths)
     return flat[np.arange(len(shift), dtype=np.int64) + shift]
+
+
+def _ranges(offsets: np.ndarray, which: np.ndarray) -> np.ndarray:
+    """``concatenate([arange(offsets[i], offsets[i + 1]) for i in which])``, vectorized."""
+    starts, lengths = offsets[which], offsets[which + 1] - offsets[which]
+    shift = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
+    return np.arange(int(lengths.sum()), dtype=np.int64) + shift
 
 
 def compact_records(records: Iterable[Record], texts: TextIds, source: str = "<records>") -> CompactRecords:

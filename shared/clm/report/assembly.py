@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from clm.calibration import CalibrationFile
+from clm.calibration.report import calibration_section
 from clm.checkpoint import LoadedCheckpoint, PublishedVersion
 from clm.durable import atomic_write_bytes
 from clm.embedding_table import EmbeddingTable
@@ -63,6 +65,10 @@ class RunFacts:
     timings: Mapping[str, Any]  # loading, embedding, epochs, evaluation (seconds, rates)
     init_checkpoint: LoadedCheckpoint | None = None
     training: TrainingSummary | None = None  # None in eval mode
+    calibration: CalibrationFile | None = None  # fitted for the best heads (train mode, calibration.enabled)
+    calibration_scored: Sequence[ScoredQuestion] = ()  # the calibration split scored by the best heads
+    lineage: Mapping[str, Any] | None = None  # where the records came from (clm.recipes.data_phase)
+    promotion: Mapping[str, Any] | None = None  # what happened to the published version (promotion_phase)
 
 
 def write_diagrams(
@@ -112,8 +118,13 @@ def write_run_report(facts: RunFacts, before: Mapping[str, Sequence[ScoredQuesti
             "path": str(checkpoint.path), "version": checkpoint.label, "sha256": checkpoint.sha256},
         "diagrams": diagrams,
         "timings": dict(facts.timings),
+        "lineage": None if facts.lineage is None else dict(facts.lineage),
+        "promotion": None if facts.promotion is None else dict(facts.promotion),
     }
     report.update(worth_it_sections(facts.table, facts.encoded.get("train"), facts.encoded, before, after))
+    if facts.calibration is not None:
+        report["calibration"] = calibration_section(facts.calibration, facts.calibration_scored,
+                                                    (after or {}).get("test"), report_dir)
     if tracking is not None:
         report["tracking"] = track_run(report, report_dir, tracking)
     return write_report(report_dir, report)

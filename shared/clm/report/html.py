@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from clm.evaluation.metrics import COUNTS, GROUP_METRICS
+from clm.report.calibration_html import calibration_section
 from clm.report.curves import curves_section
 from clm.report.numbers import format_number, format_quantity, format_seconds
 from clm.report.tables import NOT_SIGNIFICANT, group_order, interval_text, scope_metrics
@@ -201,6 +202,25 @@ def _tracking_note(report: Mapping[str, Any]) -> str:
     return f'<ul class="tracking">{"".join(f"<li>{item}</li>" for item in items)}</ul>' if items else ""
 
 
+def _lineage(lineage: Mapping[str, Any] | None) -> str | None:
+    """Where the records came from, in one line: the files, or the decision log's window and its record-set hash."""
+    if not lineage:
+        return None
+    if lineage.get("source") != "decision_log":
+        return ", ".join(f"{split}: {path}" for split, path in (lineage.get("files") or {}).items())
+    counts = ", ".join(f"{split} {count}" for split, count in (lineage.get("records") or {}).items())
+    return (f"decision log {lineage.get('log')}, decisions from {lineage.get('since') or 'the start'} to "
+            f"{lineage.get('until')} ({counts}); record set sha256 {lineage.get('record_set_sha256')}")
+
+
+def _promotion(promotion: Mapping[str, Any] | None) -> str | None:
+    """What became of the published version: promoted, a candidate or refused, and why."""
+    if not promotion:
+        return None
+    where = promotion.get("verdict_location")
+    return f"{promotion.get('outcome')}: {promotion.get('why')}" + (f" (verdict: {where})" if where else "")
+
+
 def render_html(report: Mapping[str, Any]) -> str:
     """A self-contained page (images are the PNGs beside it)."""
     before = report.get("before", {})
@@ -209,6 +229,8 @@ def render_html(report: Mapping[str, Any]) -> str:
         "texts embedded": report.get("embedding", {}).get("texts_embedded"),
         "best epoch": (report.get("training") or {}).get("best_epoch"),
         "checkpoint": (report.get("checkpoint") or {}).get("path"),
+        "records": _lineage(report.get("lineage")),
+        "promotion": _promotion(report.get("promotion")),
     }
     summary_rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{_fmt(v)}</td></tr>" for k, v in summary.items())
     sections = "".join(_split_section(report, split, report.get("diagrams", {})) for split in before)
@@ -232,5 +254,6 @@ th:first-child, td:first-child {{ text-align: left; }}
 {_timings_section(report)}
 {_baseline_notes(report)}
 {sections}
+{calibration_section(report)}
 </body></html>
 """

@@ -13,8 +13,39 @@ from typing import Literal
 
 from clm.checkpoint.compat import AssumedEncoder
 from clm.contract.names import DEFAULT_ALIASES, DEFAULT_MODEL
+from clm.decision_log.config import DecisionLogConfig
 from clm.encoders.spec import EncoderSpec
+from clm.promotion.config import DriftConfig
 from clm.storage import Location
+
+
+@dataclass(frozen=True)
+class DriftMonitoring:
+    """Drift of each served version against the reference it was published with (``clm.serving.drift``;
+    docs/drift.md): the PSI thresholds and ``min_answers`` of ``checks`` (its ``confidence_bins`` come from each
+    version's ``drift.json``), the MMD test's level, permutations and sample size (the reservoir of served
+    states holds ``checks.mmd_max_samples``)."""
+
+    checks: DriftConfig = field(default_factory=DriftConfig)
+    min_states: int = 100  # answers (one state vector sampled from each) before the state-embedding test runs
+    interval_s: float = 30.0  # how often PSI and the state test are computed in the background (alerts, gauges)
+    max_question_ids: int = 1000  # answered question ids the reference does not know, counted by name (then pooled)
+
+
+@dataclass(frozen=True)
+class ShadowScoring:
+    """Shadow scoring (``clm.serving.shadow``): ``share`` of decisions (0 < share <= 1) a candidate version also
+    scores off the response path, at most ``queue`` waiting, a newer candidate looked for every ``interval_s``."""
+
+    share: float
+    queue: int = 256
+    interval_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.share <= 1.0:
+            raise ValueError(f"shadow share must be in (0, 1], got {self.share}")
+        if self.queue < 1 or self.interval_s <= 0:
+            raise ValueError(f"shadow queue must be >= 1 and interval_s > 0, got {self.queue}, {self.interval_s}")
 
 
 @dataclass(frozen=True)
@@ -52,3 +83,9 @@ class ServingConfig:
     option_store_max_entries: int = 200_000  # encoder vectors of option texts kept (LRU)
     action_cache_max_entries: int = 200_000  # projected option vectors kept, all heads together (LRU)
     warm_options_file: Path | None = None  # records whose option texts are projected when heads load
+    # -- the decision log (``clm.decision_log``) ----------------------------------------------------------------
+    decision_log: DecisionLogConfig | None = None  # None: nothing is logged and POST /v1/feedback is off
+    # -- shadow scoring (``clm.serving.shadow``) ------------------------------------------------------------------
+    shadow: ShadowScoring | None = None  # None: no candidate scores live traffic
+    # -- drift (``clm.serving.drift``) ------------------------------------------------------------------------
+    drift: DriftMonitoring | None = field(default_factory=DriftMonitoring)  # None: not counted, GET /v1/drift off

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,6 +33,7 @@ _WARM_CHUNK = 4096  # option texts projected per step while warming (bounds peak
 class Decision:
     probs: list[list[float]]  # per question, per option (model-output order)
     input_tokens: int  # tokens the encoder read for the state texts
+    state_vectors: np.ndarray | None = None  # [questions, dim]: the encoder's (rounded) vectors of the state texts
 
 
 class DecisionEngine:
@@ -51,15 +53,18 @@ class DecisionEngine:
         self.round_to = round_to
 
     async def decide(self, heads: LoadedHeads, questions: Sequence[Question], state_texts: Sequence[str],
-                     *, temperature: float = 1.0) -> Decision:
+                     *, temperature: float = 1.0, question_temperatures: Sequence[float] | None = None) -> Decision:
         """Probabilities of every question, all computed by ``heads`` (captured once by the caller);
-        ``temperature`` divides the logits (``scale x cosine / temperature``), as upstream's."""
+        ``temperature`` divides the logits (``scale x cosine / temperature``), as upstream's, and so does each
+        question's own fitted temperature (``question_temperatures``: calibration; None: 1 for all)."""
         (state_vectors, tokens), actions = await asyncio.gather(
             self._encode_states(list(state_texts)), self._action_matrices(heads, questions)
         )
         state_proj = await self.batcher.project_states(heads, state_vectors)
-        probs = [heads.option_probabilities(state_proj[i], actions[i], temperature) for i in range(len(questions))]
-        return Decision(probs=probs, input_tokens=tokens)
+        fitted = question_temperatures or [1.0] * len(questions)
+        probs = [heads.option_probabilities(state_proj[i], actions[i], temperature * fitted[i])
+                 for i in range(len(questions))]
+        return Decision(probs=probs, input_tokens=tokens, state_vectors=state_vectors)
 
     async def decide_raw(self, questions: Sequence[Question], state_texts: Sequence[str], *,
                          temperature: float = 1.0, scale: float = 100.0) -> Decision:
@@ -78,7 +83,27 @@ class DecisionEngine:
                 logits = option_logits(scale, options[offset : offset + count] @ states[i], temperature)
                 probs.append(torch.softmax(logits.float(), dim=-1).tolist())
             offset += count
-        return Decision(probs=probs, input_tokens=tokens)
+        return Decision(probs=probs, input_tokens=tokens, state_vectors=state_vectors)
+
+    async def rescore(self, heads: LoadedHeads, questions: Sequence[Question], state_vectors: np.ndarray,
+                      question_temperatures: Sequence[float], executor: Executor) -> list[list[float]]:
+        """``heads``' probabilities for questions already answered, from the answer's own state vectors (no encoder
+        call): option projections from ``heads``' action cache (a miss projected once), the state projection and the
+        softmax in ``executor`` (shadow scoring's own thread: never the live batcher's)."""
+        actions = await self._action_matrices(heads, questions)
+
+        def compute() -> list[list[float]]:
+            projected = heads.project_states(torch.from_numpy(np.ascontiguousarray(state_vectors)))
+            return [heads.option_probabilities(projected[i], actions[i], question_temperatures[i])
+                    for i in range(len(questions))]
+
+        return await asyncio.get_running_loop().run_in_executor(executor, compute)
+
+    async def state_vectors(self, texts: Sequence[str]) -> np.ndarray:
+        """The vectors of ``texts`` exactly as a request's state texts get them (encoded, rounded): what a
+        served state is compared with (``clm.serving.drift``)."""
+        vectors, _ = await self._encode_states(list(texts))
+        return vectors
 
     async def _encode_states(self, texts: list[str]) -> tuple[np.ndarray, int]:
         result = await self.states.encode(texts)

@@ -14,14 +14,21 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from clm.checkpoint import AssumedEncoder, CheckpointError, LoadedCheckpoint, check_heads_encoder, load_checkpoint
 from clm.contract.answers import option_logits
 from clm.encoders.base import EncoderFingerprint
+from clm.calibration import CalibrationFile
 from clm.heads import CLMHeadPair
 from clm.serving.action_cache import ActionCache
+from clm.serving.calibrated import read_version_calibration
+from clm.serving.drift import read_version_drift
+
+if TYPE_CHECKING:
+    from clm.promotion.drift_reference import DriftReference
 
 _VERSION_DIR = re.compile(r"^v(\d{4,})$")
 
@@ -40,6 +47,12 @@ class LoadedHeads:
     scale: torch.Tensor  # exp(min(logit_scale, log 100)): computed once, exactly like CLMHeadPair.effective_scale
     actions: ActionCache
     assumed_encoder: AssumedEncoder | None = None  # what a file without a fingerprint was taken to be trained on
+    # Fitted for these heads (clm.serving.calibrated): temperatures and certified thresholds; None: answers as fitted.
+    calibration: CalibrationFile | None = None
+    calibration_refused: str | None = None  # why a calibration file beside the heads is not applied
+    # What the version is compared with once it serves (drift.json; clm.serving.drift); None: no drift report.
+    drift: DriftReference | None = None
+    drift_refused: str | None = None  # why a drift.json beside the heads is not used
     loaded_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
 
     @property
@@ -85,6 +98,11 @@ class LoadedHeads:
             "parent": ckpt.parent,
             "metrics": ckpt.metrics,
             "action_cache_entries": len(self.actions),
+            "calibration": None if self.calibration is None else {
+                "fitted_at": self.calibration.fitted_at, "split": self.calibration.split,
+                "alpha": self.calibration.certificates.alpha, "delta": self.calibration.config.get("delta"),
+                "certified_levels": self.calibration.certificates.alphas},
+            "calibration_refused": self.calibration_refused,
         }
 
 
@@ -147,7 +165,10 @@ def heads_of(
     version, number = version_of(pt_path, ckpt.sha256)
     with torch.inference_mode():
         scale = heads.effective_scale().detach()
+    calibration, refused = read_version_calibration(ckpt)
+    drift, drift_refused = read_version_drift(ckpt)
     return LoadedHeads(
         checkpoint=ckpt, heads=heads, version=version, version_number=number, path=pt_path, scale=scale,
         actions=action_cache, assumed_encoder=(assumed_encoder or AssumedEncoder()) if ckpt.is_foreign else None,
+        calibration=calibration, calibration_refused=refused, drift=drift, drift_refused=drift_refused,
     )

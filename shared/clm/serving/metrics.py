@@ -12,6 +12,7 @@ several heads served at once are told apart.
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -77,7 +78,76 @@ class ServeMetrics:
             "clm_serve_option_texts_encoded", "Option texts sent to the encoder (not yet in the option store).",
             registry=r,
         )
+        self.decisions = Counter(
+            "clm_serve_decisions", "Answers of calibrated heads by decision (automate, defer), served model and "
+            "question id (ids the calibration knows; any other is `other`): the automated share per question is "
+            "automate / (automate + defer).", ["model", "question", "action"], registry=r,
+        )
+        self.calibration_refused = Counter(
+            "clm_serve_calibration_refused", "Heads versions loaded whose calibration file was refused (fitted for "
+            "other heads or another encoder, unreadable): they serve uncalibrated.", ["model"], registry=r,
+        )
+        self.drift_psi = Gauge(
+            "clm_serve_drift_psi", "PSI of a served model's answers since its heads version loaded against the "
+            "version's reference (drift.json: its validation answers), by served model, question id and kind "
+            "(top_option: which option is on top; confidence: the top probability, binned); computed every "
+            "CLM_SERVE_DRIFT_INTERVAL_S and on GET /v1/drift, for question ids with CLM_SERVE_DRIFT_MIN_ANSWERS "
+            "answers in both (docs/drift.md).", ["model", "question", "kind"], registry=r,
+        )
+        self.drift_alerts = Counter(
+            "clm_serve_drift_alerts", "Crossings into alert, by served model, question id and kind: a PSI reaching "
+            "CLM_SERVE_DRIFT_PSI_ALERT (kind top_option or confidence; counted again only after falling below and "
+            "crossing again), or the state-embedding test turning drifted (question `*`, kind states).",
+            ["model", "question", "kind"], registry=r,
+        )
+        self.drift_state_p_value = Gauge(
+            "clm_serve_drift_states_p_value", "p-value of the MMD permutation test of a served model's sampled state "
+            "embeddings against its training states (drift.json), once CLM_SERVE_DRIFT_MIN_STATES were served; "
+            "drifted at or below the test's alpha.", ["model"], registry=r,
+        )
+        self.shadow_answers = Counter(
+            "clm_serve_shadow_answers", "Live answers a candidate version also scored, off the response path "
+            "(CLM_SERVE_SHADOW_SHARE), by served model and candidate version.", ["model", "candidate"], registry=r,
+        )
+        self.shadow_agreements = Counter(
+            "clm_serve_shadow_agreements", "Of those, answers whose top option the candidate chose too.",
+            ["model", "candidate"], registry=r,
+        )
+        self.shadow_dropped = Counter(
+            "clm_serve_shadow_dropped", "Shadowed answers dropped because the shadow queue was full "
+            "(CLM_SERVE_SHADOW_QUEUE): shadow scoring never makes a live request wait.", ["model"], registry=r,
+        )
         self.encoder_changes = Counter(
             "clm_serve_encoder_changes", "Times the embedder answered with another encoder digest (heads unloaded, "
             "identity reloaded).", registry=r,
         )
+
+    def watch_decision_log(self, recorder) -> None:
+        """Expose the decision log's counters (``clm.serving.recording.DecisionRecorder``), read at each scrape."""
+        self.registry.register(_DecisionLogCollector(recorder))
+
+
+class _DecisionLogCollector:
+    """The writer keeps plain counters (the core has no metrics library in its threads); they are read here."""
+
+    def __init__(self, recorder) -> None:
+        self.recorder = recorder
+
+    def collect(self):
+        writer = self.recorder.writer
+        entries = CounterMetricFamily("clm_serve_decision_log_entries", "Decisions offered to the decision log, by "
+                                      "outcome: logged (buffered for a segment), sampled_out (sample_rate), dropped "
+                                      "(the buffer was full: the store is slow or down), failed (the entry could not "
+                                      "be built).", labels=["outcome"])
+        for outcome, value in (("logged", writer.logged), ("sampled_out", writer.sampled_out),
+                               ("dropped", writer.dropped), ("failed", self.recorder.failed)):
+            entries.add_metric([outcome], value)
+        yield entries
+        yield CounterMetricFamily("clm_serve_decision_log_written", "Decisions written into segments.",
+                                  value=writer.written)
+        yield CounterMetricFamily("clm_serve_decision_log_segments", "Parquet segments written.", value=writer.segments)
+        yield CounterMetricFamily("clm_serve_decision_log_flush_failures", "Segment writes the store refused or did "
+                                  "not answer (retried with backoff).", value=writer.flush_failures)
+        yield GaugeMetricFamily("clm_serve_decision_log_buffered", "Decisions waiting for the next segment.",
+                                value=writer.buffered)
+

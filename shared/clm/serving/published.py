@@ -32,8 +32,8 @@ from typing import Protocol
 from clm.checkpoint import LATEST_FILE, PT_FILE, CheckpointError, resolve_latest
 from clm.checkpoint.copies import VersionCache
 from clm.checkpoint.files import read_manifest
-from clm.checkpoint.versions import LATEST_KEY, resolve_store_latest
-from clm.storage import ObjectStore, is_bucket, open_store
+from clm.checkpoint.versions import LATEST_KEY, resolve_store_latest, version_label
+from clm.storage import LocalStore, ObjectStore, is_bucket, open_store
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")  # a checkpoint name (clm.checkpoint.store's rule)
 
@@ -49,6 +49,7 @@ class HeadsFinder(Protocol):
     label: str  # a file's name, or the published name (upstream's model card names it)
     published: bool  # follows a ``latest`` pointer (else one file, reloaded when it changes)
     watch_dir: Path | None  # a folder whose file events mean "look again" (a folder root only)
+    store: ObjectStore | None  # where a published name's versions, gate and audit live (None: one file)
 
     def resolve(self, *, refresh: bool = False) -> Target | None:
         """The heads to serve now; None while nothing is published. Blocking. ``refresh``: ask again even
@@ -61,6 +62,7 @@ class HeadsFinder(Protocol):
 class FixedFile:
     published = False
     watch_dir = None
+    store = None
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -82,6 +84,11 @@ class FolderLatest:
         self.root, self.label = root, name
         self.watch_dir = root / name
         self.where = str(self.watch_dir)
+        self.store = LocalStore(root)
+
+    def version_folder(self, version: int) -> Path:
+        """A published version's folder, for loading (blocking)."""
+        return self.root / self.label / version_label(version)
 
     def resolve(self, *, refresh: bool = False) -> Target | None:
         if not (self.watch_dir / LATEST_FILE).exists():
@@ -101,6 +108,10 @@ class BucketLatest:
         self.store, self.label, self.cache = cache.store, name, cache
         self.where = f"{self.store.url}/{name}"
         self._seen: tuple[str, Target | str] | None = None  # latest's ETag -> its target, or why it has none
+
+    def version_folder(self, version: int) -> Path:
+        """A published version's local copy, for loading (blocking: downloads it once)."""
+        return self.cache.fetch(self.label, version)
 
     def resolve(self, *, refresh: bool = False) -> Target | None:
         etag = self.store.head(f"{self.label}/{LATEST_KEY}")  # the one request of a poll while nothing moves

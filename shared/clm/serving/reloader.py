@@ -154,6 +154,7 @@ class HeadsManager:
         for outcome in ("success", "failure"):  # both series from the start, at 0
             metrics.reloads.labels(name, outcome)
         metrics.source_errors.labels(name)
+        metrics.calibration_refused.labels(name)
         metrics.heads_loaded.labels(name).set(0)
 
     # -- reload --------------------------------------------------------------------------------
@@ -218,6 +219,8 @@ class HeadsManager:
         self.metrics.reload_seconds.observe(elapsed)
         self.metrics.heads_version.labels(self.name).set(new.version_number or 0)
         self.metrics.heads_loaded.labels(self.name).set(1)
+        if new.calibration_refused is not None:  # served uncalibrated (clm.serving.calibrated logged why)
+            self.metrics.calibration_refused.labels(self.name).inc()
         message = (f"{self.name}: serving {new.version} from {new.path} (was {old.version if old else 'none'}); "
                    f"{warmed} option projections warmed in {elapsed:.3f}s")
         logger.info("heads reload (%s): %s", trigger, message)

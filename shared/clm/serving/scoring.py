@@ -14,7 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from clm.contract.names import RAW_MODEL
+from clm.contract.questions import Question
 from clm.errors import UNAVAILABLE, KindedError
+from clm.serving.calibrated import QuestionDecision
 from clm.serving.loaded_heads import LoadedHeads
 from clm.serving.names import ServedModel
 
@@ -33,12 +35,17 @@ class HeadsNotReady(KindedError):
 @dataclass(frozen=True)
 class Scored:
     """The model asked for, the heads that computed the answer (None for ``clm-raw``, which has none), the
-    probabilities per question (model-output order) and the tokens the encoder read for the state texts."""
+    probabilities per question (model-output order, calibrated where the heads are), the tokens the encoder
+    read for the state texts, and each answer's automate-or-defer decision (``clm.serving.calibrated``)."""
 
     model: ServedModel
     heads: LoadedHeads | None
     probs: list[list[float]]
     input_tokens: int
+    decisions: tuple[QuestionDecision, ...] | None = None  # per question, when the heads are calibrated
+    decision_id: str = ""  # time-ordered (UUIDv7): what the decision log and feedback name this answer by
+    questions: tuple[Question, ...] = ()  # what was scored, in order
+    question_ids: tuple[str, ...] = ()  # how the dialect names each (a decisions question: its name or index)
 
     @property
     def system_fingerprint(self) -> str:

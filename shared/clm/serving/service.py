@@ -21,23 +21,30 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from clm.contract.answers import RAW_SCALE
 from clm.contract.questions import Question, StructuredDecisionError
+from clm.decision_log.ids import new_decision_id
 from clm.encoders.base import EncoderBackend, EncoderChanged, EncoderError, EncoderInputError
 from clm.encoders.coalescing import CoalescingEncoder
 from clm.encoders.spec import fetch_remote_identity
 from clm.retry import RetryPolicy, failure_of, next_sleep
 from clm.serving.action_cache import OptionEmbeddings
 from clm.serving.batcher import ProjectionBatcher
+from clm.serving.calibrated import check_alpha, decide, temperatures
+from clm.serving.recording import DecisionRecorder
 from clm.serving.config import ServingConfig
+from clm.serving.drift import DriftMonitor, Encode
 from clm.serving.engine import DecisionEngine
 from clm.serving.metrics import ServeMetrics
-from clm.serving.names import ServedModel
+from clm.serving.loaded_heads import LoadedHeads
+from clm.serving.names import RAW_MODEL, ServedModel
 from clm.serving.registry import HeadsRegistry
 from clm.serving.reloader import HeadsManager, pause, warm_option_texts
 from clm.serving.scoring import HeadsNotReady, Scored
+from clm.serving.shadow import ShadowScorer, newest_candidate
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +65,12 @@ class ServeRuntime:
         self.fatal_error: str | None = None
         self._run_stop = asyncio.Event()  # the current run's watchers' (see _run)
         self._task: asyncio.Task | None = None
+        # the decision log (clm.serving.recording), when configured: made at start (its writer is a thread)
+        self.recorder: DecisionRecorder | None = None
+        # drift against each version's reference (clm.serving.drift), unless CLM_SERVE_DRIFT is off
+        self.drift = DriftMonitor(config.drift, self.metrics) if config.drift is not None else None
+        # a candidate version scoring a share of live answers off the response path (clm.serving.shadow)
+        self.shadow = ShadowScorer(config.shadow, self.metrics) if config.shadow is not None else None
         self._retired: list = []  # components of a replaced encoder identity, closed at stop()
 
     @property
@@ -89,20 +102,30 @@ class ServeRuntime:
         return "ready"
 
     async def score(self, model: ServedModel, questions: Sequence[Question], state_texts: Sequence[str], *,
-                    temperature: float = 1.0, request_id: str = "") -> Scored:
+                    temperature: float = 1.0, request_id: str = "", alpha: float | None = None,
+                    calibration_ids: Sequence[str] | None = None) -> Scored:
         """The probabilities of ``questions`` (already checked) asked of ``model``, all computed by one heads
-        version, captured once (``clm.serving.scoring``)."""
+        version, captured once (``clm.serving.scoring``), calibrated and decided where the heads are
+        (``clm.serving.calibrated``: ``alpha`` a stricter level asked for; ``calibration_ids`` the id each
+        question's calibration is looked up by, default its own id)."""
         manager = self.registry.managers.get(model.served)
         heads = manager.current if manager is not None else None
         engine = self.engine
         if engine is None or (heads is None and not model.is_raw):
             raise HeadsNotReady(model.served, self.model_phase(model.served))
+        calibration = None if model.is_raw or heads is None else heads.calibration
+        check_alpha(calibration, alpha)
+        ids = list(calibration_ids) if calibration_ids is not None else [q.id for q in questions]
+        type_ids = [q.type_id for q in questions]
         try:
             if model.is_raw:
                 heads = None
                 decision = await engine.decide_raw(questions, state_texts, temperature=temperature, scale=RAW_SCALE)
             else:
-                decision = await engine.decide(heads, questions, state_texts, temperature=temperature)
+                decision = await engine.decide(heads, questions, state_texts, temperature=temperature,
+                                               question_temperatures=temperatures(
+                                                   calibration, type_ids, [len(q.option_texts) for q in questions],
+                                                   ids))
         except EncoderInputError as error:
             # The refused text is a state text rendered from the request: name the client's field, not an index.
             raise StructuredDecisionError(f"the encoder refused a state text: {error.detail}", param="state") from None
@@ -116,9 +139,62 @@ class ServeRuntime:
         for question in questions:
             self.metrics.questions.labels(model.served, question.type.name).inc()
         self.metrics.answers.labels(model.served).inc()
-        return Scored(model=model, heads=heads, probs=decision.probs, input_tokens=decision.input_tokens)
+        decisions = decide(calibration, type_ids, ids, decision.probs, alpha)
+        if self.drift is not None and heads is not None:  # counts only (O(1) per answer); compared lazily
+            self.drift.observe(model.served, heads, ids, questions, decision.probs, decision.state_vectors)
+        decision_id = new_decision_id()
+        if self.shadow is not None:  # queued for the candidate, never waited for
+            self.shadow.offer(model.served, heads, decision_id, questions, ids, decision.probs, decision.state_vectors)
+        if decisions is not None:
+            known = calibration.temperatures.by_question  # type: ignore[union-attr]  (decisions imply one)
+            for qid, made in zip(ids, decisions):  # the label set is bounded by the calibration's question ids
+                self.metrics.decisions.labels(model.served, qid if qid in known else "other", made.action).inc()
+        return Scored(model=model, heads=heads, probs=decision.probs, input_tokens=decision.input_tokens,
+                      decisions=decisions, decision_id=decision_id, questions=tuple(questions),
+                      question_ids=tuple(ids))
+
+    async def _shadow_score(self, candidate, questions, state_vectors, ids, executor) -> list[list[float]]:
+        """A candidate's answers to a live answer's questions, as it would serve them (its own calibration)."""
+        assert self.engine is not None
+        fitted = temperatures(candidate.calibration, [q.type_id for q in questions],
+                              [len(q.option_texts) for q in questions], ids)
+        return await self.engine.rescore(candidate, questions, state_vectors, fitted, executor)
+
+    def record(self, scored: Scored, *, tenant: str, dialect: str, request: Mapping[str, Any],
+               latency_ms: float) -> None:
+        """Log an answer in the decision log, when there is one (never raises, never blocks)."""
+        if self.recorder is None:
+            return
+        if self.encoder is not None:
+            self.recorder.encoder_digest = self.encoder.fingerprint.digest
+        self.recorder.record(scored, tenant=tenant, dialect=dialect, request=request, latency_ms=latency_ms)
+
+    async def drift_report(self, requested: str | None = None) -> dict[str, dict[str, Any]]:
+        """Each served model's drift (``requested``: only that one, by any of its names), by served name
+        (``clm.serving.drift``). The caller checks ``self.drift`` is on; ``clm-raw`` has no heads to report."""
+        assert self.drift is not None
+        if requested is not None:
+            names = [self.registry.resolve(requested).served]
+        else:
+            names = list(self.registry.sources)
+        served = self._served_heads()
+        return {name: await self.drift.report(name, served.get(name), self._state_encoder(),
+                                              status=self.model_phase(name))
+                for name in names if name != RAW_MODEL}
+
+    def _served_heads(self) -> dict[str, LoadedHeads | None]:
+        return {name: manager.current for name, manager in self.registry.managers.items()}
+
+    def _state_encoder(self) -> Encode | None:
+        """How the drift check embeds a version's reference state texts: as request states are (None while
+        the encoder is not open)."""
+        return None if self.engine is None else self.engine.state_vectors
 
     async def start(self) -> None:
+        if self.config.decision_log is not None:
+            self.recorder = DecisionRecorder(self.config.decision_log)
+            self.recorder.start()
+            self.metrics.watch_decision_log(self.recorder)
         self.batcher = ProjectionBatcher(
             window_s=self.config.batch_window_ms / 1000.0, max_items=self.config.max_batch_questions,
             on_batch=self.metrics.batch_questions.observe,
@@ -134,6 +210,10 @@ class ServeRuntime:
         for batcher in (self.encode_batcher, self.batcher):
             if batcher is not None:
                 await batcher.close()
+        if self.recorder is not None:
+            await self.recorder.close()  # what is buffered is written (a SIGKILL would lose it: docs/decision-log.md)
+        if self.shadow is not None:
+            self.shadow.close()
         if self.encoder is not None and self._owns_encoder:
             await self.encoder.aclose()
         for component in self._retired:
@@ -197,6 +277,11 @@ class ServeRuntime:
             # a replaced identity's watchers must not stop the next run's.
             self._run_stop = run_stop = asyncio.Event()
             watchers = [self._watch_identity(run_stop)] if config.embedder_url else []
+            if self.drift is not None:  # PSI and the state test every interval_s (gauges, alerts)
+                watchers.append(self.drift.watch(run_stop, self._served_heads, self._state_encoder))
+            if self.shadow is not None:  # the newest candidate of each served name, and its one consumer
+                watchers += [self.shadow.watch(run_stop, lambda: list(self.registry.managers), newest_candidate(self)),
+                             self.shadow.work(run_stop, self._shadow_score)]
             await asyncio.gather(self.registry.watch(run_stop), *watchers)
         except asyncio.CancelledError:
             raise

@@ -62,7 +62,7 @@ class LocalStore:
 
     def put(self, key: str, data: bytes, *, create_only: bool = False, if_match: str | None = None) -> str:
         path = self.path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        self._make_folders(path.parent)
         tmp = temp_sibling(path, "put")
         try:
             with open(tmp, "wb") as handle:
@@ -87,6 +87,17 @@ class LocalStore:
             tmp.unlink(missing_ok=True)
         fsync_dir(path.parent)
         return _etag(path.stat())
+
+    def _make_folders(self, folder: Path) -> None:
+        """``folder`` and its missing parents, each new entry fsynced into its parent: a put that returned
+        is on disk whole, even the first one of a new folder (a power cut after it keeps it)."""
+        missing = []
+        while not folder.is_dir():
+            missing.append(folder)
+            folder = folder.parent
+        for new in reversed(missing):
+            new.mkdir(exist_ok=True)
+            fsync_dir(new.parent)
 
     def list(self, prefix: str = "") -> list[str]:
         base = self.root / prefix if prefix else self.root

@@ -52,12 +52,15 @@ _open_buckets: OrderedDict[tuple, ObjectStore] = OrderedDict()
 _open_buckets_lock = threading.Lock()
 
 
-def open_store(location: str | os.PathLike, **s3_options: object) -> ObjectStore:
-    """``LocalStore`` for a path, ``S3Store`` for ``s3://bucket/prefix`` (``s3_options``: its keyword arguments).
+def open_store(location: str | os.PathLike | ObjectStore, **s3_options: object) -> ObjectStore:
+    """``LocalStore`` for a path, ``S3Store`` for ``s3://bucket/prefix`` (``s3_options``: its keyword arguments);
+    a store given instead of a location is returned as it is (so a function may take either).
 
     A bucket location's client (its connection pool, its credentials) is made once and reused by every later
     call with the same location, options and ``AWS_*`` environment in this process: a poll or a listing then
     pays no new TLS handshake. A forked child makes its own (a client's runtime does not survive a fork)."""
+    if not isinstance(location, (str, os.PathLike)):
+        return location
     text = os.fspath(location)
     if is_bucket(text):
         from clm.storage.s3 import S3Store  # noqa: PLC0415

@@ -15,8 +15,10 @@ from clm_http.limits import BodySizeLimitMiddleware
 from clm_http.prometheus import RequestMetricsMiddleware
 
 from clm_serve.http.decisions import ServingDecisions
+from clm_serve.http.drift_routes import drift_router
 from clm_serve.http.errors import UNAUTHORIZED, install_response_mode, install_serve_error_handlers
 from clm_serve.http.playground_routes import cors_origins, playground_router
+from clm_serve.http.promotion_routes import router as promotion_router
 from clm_serve.http.routes import router
 from clm_serve.http.serving import ServingStructuredDecisions
 from clm_serve.settings import ServeSettings
@@ -53,6 +55,8 @@ def create_app(settings: ServeSettings | None = None, *, encoder: EncoderBackend
     app.state.decisions = ServingDecisions(runtime, settings)  # /v1/decisions, on the same scoring step
     install_serve_error_handlers(app)  # vLLM's error bodies, this service's typed errors mapped (http.errors)
     app.include_router(router)
+    app.include_router(drift_router)  # GET /v1/drift (clm.serving.drift)
+    app.include_router(promotion_router)
     if settings.playground:  # the web page at / (CLM_SERVE_PLAYGROUND=false: / is 404)
         app.include_router(playground_router())
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)
@@ -68,6 +72,7 @@ def create_app(settings: ServeSettings | None = None, *, encoder: EncoderBackend
     # decisions, and every answer (413s and error bodies too) carries the headers a cross-origin page needs.
     if origins := cors_origins(settings.cors_origins):
         app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST", "OPTIONS"],
-                           allow_headers=["Authorization", "Content-Type"], allow_credentials=False,
-                           expose_headers=["X-CLM-Heads-Version", "X-Request-Id", "X-CLM-Latency-Ms"], max_age=600)
+                           allow_headers=["Authorization", "Content-Type", "X-CLM-Alpha"], allow_credentials=False,
+                           expose_headers=["X-CLM-Heads-Version", "X-Request-Id", "X-CLM-Latency-Ms",
+                                           "X-CLM-Decisions", "X-CLM-Alpha", "X-CLM-Decision-Id"], max_age=600)
     return app

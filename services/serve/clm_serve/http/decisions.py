@@ -24,10 +24,11 @@ from pydantic import ValidationError
 
 from clm.contract.answers import decisions_answer
 from clm.contract.questions import Question, StructuredDecisionError, build_question
+from clm.serving.calibrated import ALPHA_PARAM, parse_alpha
 from clm.serving.scoring import Scored
 from clm.serving.service import ServeRuntime
 from clm.texts import to_text
-from clm_http.errors import APIError, vllm_validation_message
+from clm_http.errors import MalformedRequest, vllm_validation_message
 
 from clm_serve.http.decisions_protocol import (
     ChoiceQuestion,
@@ -43,26 +44,24 @@ from clm_serve.http.protocol import random_uuid
 from clm_serve.http.serving import check_encodable, check_joint, render_state_texts
 from clm_serve.settings import ServeSettings
 
-# vLLM's error type for a request that fails its schema (``validate_json_request`` and the validation handler)
-SCHEMA_ERROR = "Bad Request"
-
 
 def parse_request(body: bytes, content_type: str) -> DecisionRequest:
-    """The request, or vLLM's 400 ``Bad Request`` naming the field (the body's schema is checked here rather
-    than by FastAPI so that this dialect's validation errors are worded as vLLM 0.33 words them)."""
+    """The request, or ``MalformedRequest`` naming the field, vLLM's 400 ``Bad Request`` (the body's schema is
+    checked here rather than by FastAPI so that this dialect's validation errors are worded as vLLM 0.33 words
+    them)."""
     if content_type.split(";", 1)[0].strip().lower() != "application/json":
-        raise APIError(400, "Unsupported Media Type: Only 'application/json' is allowed", err_type=SCHEMA_ERROR)
+        raise MalformedRequest("Unsupported Media Type: Only 'application/json' is allowed")
     try:
         data = json.loads(body)
     except (ValueError, RecursionError) as error:
-        raise APIError(400, f"body is not valid JSON: {error}", param="body", err_type=SCHEMA_ERROR) from None
+        raise MalformedRequest(f"body is not valid JSON: {error}", param="body") from None
     if problem := unreadable_input(data):
-        raise APIError(400, problem[0], param=problem[1], err_type=SCHEMA_ERROR)
+        raise MalformedRequest(problem[0], param=problem[1])
     try:
         return DecisionRequest.model_validate(data)
     except ValidationError as error:
         message, param = vllm_validation_message(list(error.errors()))
-        raise APIError(400, message, param=param, err_type=SCHEMA_ERROR) from None
+        raise MalformedRequest(message, param=param) from None
 
 
 def choice_criteria(question: ChoiceQuestion) -> dict[str, str | None]:
@@ -113,6 +112,7 @@ class ServingDecisions:
     async def create(self, request: DecisionRequest, raw_request: Request | None = None
                      ) -> tuple[DecisionResponse, Scored]:
         model = self.runtime.registry.resolve(request.model)
+        alpha = parse_alpha(raw_request.headers.get(ALPHA_PARAM) if raw_request is not None else None)
         if len(request.questions) > self.settings.max_questions:
             raise StructuredDecisionError(f"questions: at most {self.settings.max_questions} for this model",
                                           param="questions")
@@ -122,8 +122,11 @@ class ServingDecisions:
         request_id = base_id or random_uuid()
         texts = render_state_texts(input_text(request.input), None, questions, self.settings.max_state_chars)
         check_encodable(request_id, questions, texts)  # question ids are list indices: questions.<i>
+        # A question is known by its name (OpenAI's questions have no id), else its index: its calibration (an
+        # index is no calibrated question id, so its pool's) and its name in the decision log and feedback.
         scored = await self.runtime.score(model, questions, texts, temperature=1.0,
-                                          request_id=f"decision-{request_id}")
+                                          request_id=f"decision-{request_id}", alpha=alpha,
+                                          calibration_ids=[q.name or str(i) for i, q in enumerate(request.questions)])
         answers = [make_answer(q, clm.type.name, probs)
                    for q, clm, probs in zip(request.questions, questions, scored.probs)]
         usage = DecisionUsage(input_tokens=scored.input_tokens, output_tokens=0, total_tokens=scored.input_tokens)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from fastapi import APIRouter, Request, Response
 
-from clm_http.errors import APIError
+from clm_http.errors import ResourceNotFound
 
 PLAYGROUND_DIR = Path(__file__).resolve().parent.parent / "playground"  # clm_serve/playground/ (package data)
 ASSET_PREFIX = "/playground/"
@@ -92,7 +92,7 @@ def playground_router(directory: Path = PLAYGROUND_DIR) -> APIRouter:
     async def playground_asset(name: str, request: Request) -> Response:
         asset = assets.get(name)
         if asset is None:
-            raise APIError(404, f"the playground has no file {name!r}")
+            raise ResourceNotFound(f"the playground has no file {name!r}")
         return asset.response(request, _COMMON_HEADERS)
 
     return router

@@ -138,6 +138,8 @@ class RankResponse(OpenAIBaseModel):
     model: str
     ranked: list[RankedAnswer]
     usage: DecisionUsage
+    decision_id: str = Field(default="", description="What the decision log and `POST /v1/feedback` name this answer by "
+                                         "(time-ordered, a UUIDv7; also the `X-CLM-Decision-Id` header).")
 
 
 class StructuredDecisionResponse(OpenAIBaseModel):
@@ -149,6 +151,11 @@ class StructuredDecisionResponse(OpenAIBaseModel):
     usage: DecisionUsage
     diagnostics: dict[str, QuestionDiagnostics]
     joint: None = Field(default=None, description="vLLM 0.33's joint-read diagnostics: always null for a CLM.")
+    decision_id: str = Field(default="", description="What the decision log and `POST /v1/feedback` name this answer by "
+                                         "(time-ordered, a UUIDv7; also the `X-CLM-Decision-Id` header).")
+    decisions: dict[str, dict[str, Any]] | None = Field(
+        default=None, description="Calibrated heads only (absent otherwise): per question, `action` (automate or "
+        "defer) and the guarantee behind it (`threshold`, `alpha`, `delta`, `calibration_answers`, `scope`).")
 
 
 class ErrorInfo(OpenAIBaseModel):

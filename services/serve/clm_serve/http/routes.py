@@ -3,26 +3,38 @@ status, admin reload, health, metrics, models."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import re
 import time
+from datetime import datetime
+from typing import Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from clm.serving.loaded_heads import LoadedHeads
+from clm.serving.calibrated import ALPHA_PARAM, decisions_header
+from clm.serving.scoring import Scored
 from clm.serving.names import RAW_MODEL
 from clm.serving.service import ServeRuntime
+from clm.decision_log import review
+from clm.decision_log.entries import feedback_id, parse_feedback
+from clm.storage import StorageError
+from clm_http.api_key import KEY_ID_STATE, NO_KEY_ID
 from clm_http.auth import require_bearer
-from clm_http.errors import APIError
+from clm_http.errors import Conflict, InvalidRequest, ResourceNotFound, ServiceUnavailable
 
 from clm_serve.http.decisions import ServingDecisions, parse_request
 from clm_serve.http.decisions_protocol import DecisionRequest, DecisionResponse
 from clm_serve.http.models import model_cards
+from clm_serve.http.promotion_routes import served_verdict
 from clm_serve.http.protocol import ErrorResponse, RankRequest, RankResponse, StructuredDecisionRequest
-from clm_serve.http.serving import ServingStructuredDecisions
+from clm_serve.http.serving import ServingStructuredDecisions, logged_state_text
 
 HEADS_VERSION_HEADER = "X-CLM-Heads-Version"
+DECISIONS_HEADER = "X-CLM-Decisions"  # calibrated heads: each answer's automate/defer, in question order
+DECISION_ID_HEADER = "X-CLM-Decision-Id"  # every answer: what the decision log and POST /v1/feedback name it by
 LATENCY_HEADER = "X-CLM-Latency-Ms"
 
 router = APIRouter()
@@ -37,9 +49,14 @@ def _runtime(request: Request) -> ServeRuntime:
     return request.app.state.runtime
 
 
-def _headers(heads: LoadedHeads | None, request_id: str, started: float) -> dict[str, str]:
+def _headers(scored: Scored, request_id: str, started: float) -> dict[str, str]:
+    heads, decisions = scored.heads, scored.decisions
     headers = {HEADS_VERSION_HEADER: RAW_MODEL if heads is None else heads.version,
-               LATENCY_HEADER: f"{(time.perf_counter() - started) * 1000:.1f}"}
+               LATENCY_HEADER: f"{(time.perf_counter() - started) * 1000:.1f}",
+               DECISION_ID_HEADER: scored.decision_id}
+    if decisions:  # calibrated heads: every dialect's answer carries them here (their bodies are fixed)
+        headers[DECISIONS_HEADER] = decisions_header(decisions)
+        headers[ALPHA_PARAM] = repr(decisions[0].alpha)
     # The body's request_id is any string; one that cannot be a header value (CR/LF, control or
     # non-ASCII characters) stays in the body only, instead of breaking the response.
     if _HEADER_VALUE.fullmatch(request_id):  # fullmatch: `$` alone would let a trailing "\n" through
@@ -54,9 +71,12 @@ async def create_structured_decision(body: StructuredDecisionRequest, raw_reques
     time spent answering (upstream contrastive-lm's header: body parsing excluded)."""
     serving: ServingStructuredDecisions = raw_request.app.state.serving
     started = time.perf_counter()
-    response, heads = await serving.create_decision(body, raw_request)
-    headers = _headers(heads, response.id.removeprefix("decision-"), started)
-    return JSONResponse(content=response.model_dump(), headers=headers)
+    response, scored = await serving.create_decision(body, raw_request)
+    headers = _headers(scored, response.id.removeprefix("decision-"), started)
+    content = response.model_dump(exclude={"decisions"} if response.decisions is None else None)
+    _record(raw_request, scored, "systemone", body.model_dump(include={"state", "instructions", "questions"}),
+            started)
+    return JSONResponse(content=content, headers=headers)
 
 
 @router.post("/v1/decisions", responses=_ERRORS, response_model=DecisionResponse,
@@ -71,7 +91,8 @@ async def create_decisions(raw_request: Request) -> JSONResponse:
     started = time.perf_counter()
     request = parse_request(await raw_request.body(), raw_request.headers.get("content-type", ""))
     response, scored = await serving.create(request, raw_request)
-    headers = _headers(scored.heads, raw_request.headers.get("X-Request-Id") or "", started)
+    headers = _headers(scored, raw_request.headers.get("X-Request-Id") or "", started)
+    _record(raw_request, scored, "decisions", request.model_dump(include={"input", "questions"}, mode="json"), started)
     return JSONResponse(content=response.model_dump(), headers=headers)
 
 
@@ -81,9 +102,75 @@ async def rank(body: RankRequest, raw_request: Request) -> JSONResponse:
     (``{"model", "ranked": [{"rank", "candidate", "prob"}], "usage"}``), with the headers of ``/v1/systemone``."""
     serving: ServingStructuredDecisions = raw_request.app.state.serving
     started = time.perf_counter()
-    response, heads = await serving.rank(body, raw_request)
+    response, scored = await serving.rank(body, raw_request)
     request_id = raw_request.headers.get("X-Request-Id") or ""
-    return JSONResponse(content=response.model_dump(), headers=_headers(heads, request_id, started))
+    _record(raw_request, scored, "rank", body.model_dump(include={"context", "question", "answers"}), started)
+    return JSONResponse(content=response.model_dump(), headers=_headers(scored, request_id, started))
+
+
+@router.post("/v1/feedback", responses={status: {"model": ErrorResponse} for status in (400, 404, 413, 503)})
+async def post_feedback(raw_request: Request) -> JSONResponse:
+    """Outcomes of logged decisions, by decision id (docs/decision-log.md): a JSON list of items (or
+    ``{"items": [...]}``), each ``decision_id``, ``question`` and one of ``label``, ``correct``, ``reward``,
+    ``rewards`` (optional ``source``, ``event_time``). A 200 means every item is in the log's store; the same
+    item sent twice counts once; an item for a decision this log does not hold is kept and reported as
+    unmatched at export. 400 names the first bad item and field; 404 when this service keeps no log."""
+    runtime = _runtime(raw_request)
+    recorder = runtime.recorder
+    if recorder is None:
+        raise ResourceNotFound("feedback needs the decision log, which is off here (CLM_SERVE_DECISION_LOG)")
+    try:
+        body = json.loads(await raw_request.body())
+    except ValueError as error:
+        raise InvalidRequest(f"the body is not JSON: {error}", param="items") from None
+    items = parse_feedback(body, max_items=recorder.config.max_feedback_items)
+    try:
+        stored = await recorder.append_feedback(items, _tenant(raw_request))
+    except (StorageError, OSError) as error:
+        raise ServiceUnavailable(f"feedback not stored, send it again: {error}") from None
+    return JSONResponse({"object": "feedback", "accepted": stored,
+                         "feedback_ids": [feedback_id(item) for item in items]})
+
+
+@router.get("/v1/review", responses={status: {"model": ErrorResponse} for status in (400, 404)})
+async def review_queue(raw_request: Request, model: str | None = None, question: str | None = None,
+                       budget: int = Query(20, ge=1, le=1000), strategy: str = "entropy",
+                       since: datetime | None = None) -> dict:
+    """The logged decisions of this API key (of ``model``, question id ``question``, since ``since``) that have
+    no feedback yet, most informative first (``clm.decision_log.review``: ``margin``, ``entropy``, ``diverse``,
+    ``random``); at most ``budget``. What is still in the log's buffer (the last flush interval) is not listed."""
+    runtime = _runtime(raw_request)
+    if runtime.recorder is None:
+        raise ResourceNotFound("the review queue reads the decision log, which is off here (CLM_SERVE_DECISION_LOG)")
+    if strategy not in review.STRATEGIES:
+        raise InvalidRequest(f"strategy must be one of {list(review.STRATEGIES)}", param="strategy")
+    pool = await asyncio.to_thread(review.candidates, runtime.recorder.store, model=model, question=question,
+                                   since=since, tenant=_tenant(raw_request))
+    vectors = None
+    if strategy == "diverse" and pool:
+        pool = review.shortlist(pool, budget)  # only these states are embedded (the encoder cache has most)
+        vectors = await _state_vectors(runtime, pool)
+    picked = review.pick(pool, budget, strategy, vectors=(lambda chosen: vectors) if vectors is not None else None)
+    return {"object": "review_queue", "strategy": strategy, "candidates": len(pool),
+            "data": [candidate.as_dict() for candidate in picked]}
+
+
+async def _state_vectors(runtime: ServeRuntime, candidates: list) -> Any:
+    """One state vector per candidate, in order, from the serving encoder."""
+    if runtime.engine is None:
+        raise ServiceUnavailable("the encoder is not ready yet")
+    encoded = await runtime.engine.states.encode([logged_state_text(c.request) for c in candidates])
+    return encoded.vectors
+
+
+def _tenant(raw_request: Request) -> str:
+    """Whose request this is: the API key's id (``clm_http.api_key.key_id``), never the key."""
+    return raw_request.scope.get("state", {}).get(KEY_ID_STATE, NO_KEY_ID)
+
+
+def _record(raw_request: Request, scored: Scored, dialect: str, request: dict, started: float) -> None:
+    _runtime(raw_request).record(scored, tenant=_tenant(raw_request), dialect=dialect, request=request,
+                                 latency_ms=(time.perf_counter() - started) * 1000)
 
 
 @router.get("/v1/heads")
@@ -94,6 +181,8 @@ async def heads_status(request: Request) -> dict:
     runtime = _runtime(request)
     registry = runtime.registry
     models = {name: _model_status(runtime, name) for name in registry.sources}
+    for name, status in models.items():  # the gate's verdict on the served version (clm.promotion), if any
+        status["gate_verdict"] = await served_verdict(runtime, name, status.get("version"))
     encoder = runtime.encoder
     return {
         "object": "heads",
@@ -124,11 +213,13 @@ def _model_status(runtime: ServeRuntime, name: str) -> dict:
             "version", "path", "sha256", "fingerprint",
             # heads without a fingerprint (an upstream-format file): the encoder they were accepted for by assumption
             "assumed_encoder", "template_version", "loaded_at", "created_at", "parent", "metrics", "config",
-            "logit_scale", "action_cache_entries")},
+            "logit_scale", "action_cache_entries", "calibration", "calibration_refused")},
         "last_error": None if manager is None else manager.last_error,
         # a bucket root that stopped answering: since when and for how many polls (None while it answers)
         "source_error": None if manager is None else manager.source_error,
         "recent_reloads": [] if manager is None else [event.as_dict() for event in manager.events],
+        # a candidate scoring a share of this model's answers off the path (CLM_SERVE_SHADOW_SHARE), if any
+        "shadow": None if runtime.shadow is None else runtime.shadow.status(name),
     }
 
 
@@ -144,19 +235,19 @@ async def admin_reload(request: Request, model: str | None = None) -> dict:
     runtime = _runtime(request)
     admin_token = request.app.state.settings.admin_token
     if not admin_token.get_secret_value():
-        raise APIError(404, "POST /admin/reload is disabled: set CLM_SERVE_ADMIN_TOKEN to enable it")
+        raise ResourceNotFound("POST /admin/reload is disabled: set CLM_SERVE_ADMIN_TOKEN to enable it")
     require_bearer(request, admin_token)
     served = None if model is None else runtime.registry.resolve(model).served
     if served == RAW_MODEL:
-        raise APIError(400, "clm-raw has no heads to reload", param="model")
+        raise InvalidRequest("clm-raw has no heads to reload", param="model")
     if runtime.manager is None:
-        raise APIError(503, f"not ready to load heads: {runtime.phase}", headers={"Retry-After": "1"})
+        raise ServiceUnavailable(f"not ready to load heads: {runtime.phase}")
     outcomes = await runtime.registry.reload("admin", name=served, retry_failed=True)
     if failed := [(name, o) for name, o in outcomes.items() if o.status == "failed"]:
-        raise APIError(409, "; ".join(f"refused {o.target}{'' if len(outcomes) == 1 else f' ({name})'}: {o.message}"
-                                      for name, o in failed), err_type="ConflictError")
+        raise Conflict("; ".join(f"refused {o.target}{'' if len(outcomes) == 1 else f' ({name})'}: {o.message}"
+                                 for name, o in failed))
     if unreachable := [o for o in outcomes.values() if o.status == "unavailable"]:
-        raise APIError(503, "; ".join(o.message for o in unreachable), headers={"Retry-After": "1"})
+        raise ServiceUnavailable("; ".join(o.message for o in unreachable))
     first = outcomes.get(runtime.config.served_model_name) or next(iter(outcomes.values()))
     manager = runtime.registry.managers.get(served or runtime.config.served_model_name)
     current = None if manager is None else manager.current

@@ -8,6 +8,7 @@ once, before any work, and reports the version that computed it.
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -17,10 +18,10 @@ from clm.contract.answers import systemone_answer
 from clm.contract.questions import Question, StructuredDecisionError, build_question
 from clm.records import FieldProblem
 from clm.records.model import checked_state
-from clm.serving.loaded_heads import LoadedHeads
+from clm.serving.calibrated import ALPHA_PARAM, parse_alpha
+from clm.serving.scoring import Scored
 from clm.serving.service import ServeRuntime
-from clm.texts import join_state, render_state, state_text_tail
-from clm_http.errors import APIError
+from clm.texts import join_state, render_state, state_text_tail, to_text
 
 from clm_serve.http.protocol import (
     DecisionUsage,
@@ -48,18 +49,18 @@ def parse_questions(request: StructuredDecisionRequest, *, max_questions: int, m
 
 
 def check_temperature(value: Any) -> float:
-    """Upstream's ``temperature``: a number in (0, 100], 1.0 when absent (null too); 400 otherwise, worded
-    as upstream words it."""
+    """Upstream's ``temperature``: a number in (0, 100], 1.0 when absent (null too); otherwise refused naming
+    ``temperature``, worded as upstream words it."""
     if value is None:
         return 1.0
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise APIError(400, "temperature must be a number", param="temperature")
+        raise StructuredDecisionError("temperature must be a number", param="temperature")
     try:
         temperature = float(value)
     except OverflowError:
         temperature = math.inf
     if not 0 < temperature <= 100:  # NaN fails too
-        raise APIError(400, "temperature must be in (0, 100]", param="temperature")
+        raise StructuredDecisionError("temperature must be in (0, 100]", param="temperature")
     return temperature
 
 
@@ -89,6 +90,18 @@ def render_state_texts(state: Any, record_instructions: Any, questions: list[Que
             param="state",
         )
     return [join_state(rendered, state_text_tail(q.instructions, record_instructions)) for q in questions]
+
+
+def logged_state_text(request_json: str) -> str:
+    """The rendered state of a logged request (``clm.decision_log``'s ``request`` column) of any dialect: what
+    the review queue's ``diverse`` strategy embeds (the texts the encoder cache mostly holds already)."""
+    request = json.loads(request_json)
+    if "state" in request:
+        try:
+            return render_state(request["state"])
+        except (ValueError, TypeError):
+            return to_text(request["state"])
+    return to_text(request.get("input", request.get("context", "")))
 
 
 def check_encodable(request_id: str, questions: list[Question], state_texts: list[str]) -> None:
@@ -126,10 +139,12 @@ class ServingStructuredDecisions:
 
     async def create_decision(
         self, request: StructuredDecisionRequest, raw_request: Request | None = None
-    ) -> tuple[StructuredDecisionResponse, LoadedHeads | None]:
-        """``/v1/systemone``'s answer, and the heads that computed it (None for ``clm-raw``, which has none)."""
+    ) -> tuple[StructuredDecisionResponse, Scored]:
+        """``/v1/systemone``'s answer, and what computed it (``Scored``: the heads, None for ``clm-raw``, and the
+        decisions of calibrated heads, also in the body's ``decisions``)."""
         model = self.runtime.registry.resolve(request.model)
         temperature = check_temperature(request.temperature)
+        alpha = parse_alpha(raw_request.headers.get(ALPHA_PARAM) if raw_request is not None else None)
         base_id = raw_request.headers.get("X-Request-Id") if raw_request is not None else None
         request_id = f"decision-{base_id or request.request_id}"
         # A StructuredDecisionError is vLLM's 400 naming its param (clm_serve.http.errors).
@@ -140,7 +155,8 @@ class ServingStructuredDecisions:
         check_joint(request.joint)
         texts = render_state_texts(request.state, request.instructions, questions, self.settings.max_state_chars)
         check_encodable(request.request_id, questions, texts)
-        scored = await self.runtime.score(model, questions, texts, temperature=temperature, request_id=request_id)
+        scored = await self.runtime.score(model, questions, texts, temperature=temperature, request_id=request_id,
+                                          alpha=alpha)
 
         answers: dict[str, dict[str, Any]] = {}
         diagnostics: dict[str, QuestionDiagnostics] = {}
@@ -158,25 +174,29 @@ class ServingStructuredDecisions:
             usage=DecisionUsage(billing_units=len(questions), input_tokens=scored.input_tokens, output_tokens=0),
             diagnostics=diagnostics,
             system_fingerprint=scored.system_fingerprint,
+            decision_id=scored.decision_id,
+            decisions=None if scored.decisions is None else {
+                question.id: decision.as_dict() for question, decision in zip(questions, scored.decisions)},
         )
-        return response, scored.heads
+        return response, scored
 
     async def rank(self, request: RankRequest, raw_request: Request | None = None
-                   ) -> tuple[RankResponse, LoadedHeads | None]:
+                   ) -> tuple[RankResponse, Scored]:
         """Upstream's ``/v1/rank``: one choice question over the answers (keys ``"0".."n-1"``, the answers
         verbatim as option texts) asked of the context, sorted by descending probability (stable: ties
         keep their order)."""
         answers = request.answers
         if not isinstance(answers, list) or not answers:
-            raise APIError(400, "body must be {context, question, answers: [..]}", param="answers")
+            raise StructuredDecisionError("body must be {context, question, answers: [..]}", param="answers")
         if not all(isinstance(answer, str) and answer for answer in answers):
-            raise APIError(400, "answers must be non-empty strings", param="answers")
+            raise StructuredDecisionError("answers must be non-empty strings", param="answers")
         decision_request = StructuredDecisionRequest(
             model=request.model, state=request.context or "", temperature=request.temperature,
             questions={"rank": QuestionSpec(type="choice", instructions=request.question,
                                             criteria={str(i): answer for i, answer in enumerate(answers)})},
         )
-        response, heads = await self.create_decision(decision_request, raw_request)
+        response, scored = await self.create_decision(decision_request, raw_request)
         order = sorted(response.answers["rank"]["probabilities"].items(), key=lambda kv: -kv[1])
         ranked = [RankedAnswer(rank=r + 1, candidate=answers[int(key)], prob=p) for r, (key, p) in enumerate(order)]
-        return RankResponse(model=response.model, ranked=ranked, usage=response.usage), heads
+        return RankResponse(model=response.model, ranked=ranked, usage=response.usage,
+                            decision_id=scored.decision_id), scored

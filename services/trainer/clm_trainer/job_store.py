@@ -1,4 +1,8 @@
-"""API side of the job store (asyncio Redis): submit, read, list, cancel, events.
+"""The job store, API side: the jobs API's reads and changes of the job records in Redis (asyncio).
+
+Submit, read, list, cancel, events, over the keys of ``keys`` (one hash and one event stream per job);
+the workers' side of the same records is ``queue`` (``JobQueue``). Not an object store: a job's report
+is in the report store (``report_store``).
 
 Idempotency: ``Idempotency-Key`` maps (for ``idempotency_ttl_s``) to the job
 it created and the sha256 of the request body; the lookup and the creation
