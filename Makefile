@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 PYTEST := .venv/bin/pytest
 
-.PHONY: setup lock test test-compose lint-deploy test-fast test-faults demo bench-loss bench-embedder bench-trainer bench-serve bench-calibration bench-decision-log bench-promotion bench-scale bench-fleet clean
+.PHONY: setup lock test test-compose lint-deploy test-fast test-faults demo bench-loss bench-embedder bench-trainer bench-local-encoder bench-serve bench-calibration bench-decision-log bench-promotion bench-scale bench-fleet clean
 
 setup:
 	bash scripts/setup.sh
@@ -36,6 +36,9 @@ bench-embedder:
 
 bench-trainer:
 	$(PY) bench/bench_trainer.py
+
+bench-local-encoder:  ## the local encoder backend's tokens/s on a Qwen3-8B-shaped model with random bf16 weights (for a GPU machine; --shape tiny on CPU)
+	$(PY) bench/bench_local_encoder.py
 
 bench-serve:
 	$(PY) bench/bench_serve.py
