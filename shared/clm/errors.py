@@ -24,7 +24,10 @@ environment is at fault.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 ErrorKind = Literal["bad_input", "unavailable", "saturated"]
 BAD_INPUT: ErrorKind = "bad_input"
@@ -81,3 +84,30 @@ def job_code(error: KindedError) -> str:
 
 def is_bad_input(error: BaseException) -> bool:
     return error_kind(error) == BAD_INPUT
+
+
+def validation_problems(error: ValidationError, *, skip: int = 0) -> list[tuple[str, str, object]]:
+    """``(key path, message, input)`` per problem of a pydantic ``error``, in the words users read.
+
+    ``skip`` drops leading parts of each path (a tagged union's tag). pydantic's "Value error, " prefix of a
+    validator's own message is removed, and a dataclass's unknown keyword reads as every model's unknown key.
+    """
+    problems = []
+    for problem in error.errors():
+        path = ".".join(str(part) for part in problem["loc"][skip:] if str(part))
+        message = problem["msg"].removeprefix("Value error, ")
+        if problem["type"] == "unexpected_keyword_argument":  # a (pydantic) dataclass's unknown key
+            message = "Extra inputs are not permitted"
+        problems.append((path, message, problem.get("input")))
+    return problems
+
+
+def format_validation_error(error: ValidationError, *, root: str = "<config>", prefix: str = "",
+                            separator: str = "\n", show_input: bool = False, skip: int = 0) -> str:
+    """The one wording of a pydantic refusal: ``prefix + key.path: message`` per problem (``root`` where the
+    whole object is at fault), ``(got value)`` after each with ``show_input``, joined by ``separator``."""
+    lines = []
+    for path, message, given in validation_problems(error, skip=skip):
+        line = f"{prefix}{path or root}: {message}"
+        lines.append(f"{line} (got {given!r})" if show_input else line)
+    return separator.join(lines)

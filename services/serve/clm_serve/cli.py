@@ -28,6 +28,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from clm.errors import validation_problems
 from clm_http.settings import environment_names, service_parser
 from clm_serve.settings import ServeSettings
 
@@ -195,13 +196,13 @@ def settings_from(command_line: CommandLine) -> ServeSettings:
         return ServeSettings(**command_line.overrides)
     except ValidationError as error:
         lines = []
-        for problem in error.errors():
-            name = _field_named(str(problem["loc"][0]) if problem["loc"] else "")
+        for path, message, given in validation_problems(error):
+            name = _field_named(path.split(".")[0])
             if name in command_line.overrides and name in _FLAGS:
                 where = _FLAGS[name]
             else:
                 where = _variables(name) if name else "settings"
-            lines.append(f"{where}: {problem['msg']} (got {problem.get('input')!r})")
+            lines.append(f"{where}: {message} (got {given!r})")
         raise CommandLineError("invalid settings:\n  " + "\n  ".join(lines)) from error
 
 

@@ -26,7 +26,7 @@ from clm.calibration.certify import Certificate, Certificates
 from clm.calibration.config import CalibrationConfig
 from clm.calibration.temperature import Temperatures
 from clm.contract.answers import softmax, tempered_logits
-from clm.errors import BAD_INPUT, KindedError
+from clm.errors import BAD_INPUT, KindedError, format_validation_error
 
 CALIBRATION_FILE = "calibration.json"
 FORMAT = "clm-calibration/1"
@@ -162,8 +162,7 @@ def _config(raw: Mapping, source: str) -> CalibrationConfig:
     try:
         return CalibrationConfig.model_validate(raw)
     except ValidationError as error:
-        problems = "; ".join(f"config.{'.'.join(str(part) for part in problem['loc']) or '(section)'}: "
-                             f"{problem['msg']}" for problem in error.errors())
+        problems = format_validation_error(error, root="(section)", prefix="config.", separator="; ")
         raise CalibrationFileError(f"{source}: {problems}") from None
 
 

@@ -48,6 +48,7 @@ from typing import Any, ClassVar
 from pydantic import ValidationError
 
 from clm.contract.question_types import NOUL_TEXT_KEYS
+from clm.errors import format_validation_error, validation_problems
 from clm.records.questions import ChoiceQuestion as RecordChoice
 from clm.records.questions import NoulQuestion as RecordNoul
 from clm.records.questions import Question as QuestionModel
@@ -124,11 +125,8 @@ def get_question_type(name: str, qid: str | None = None) -> QuestionType:
 def _model_error(qid: str, error: ValidationError) -> StructuredDecisionError:
     """The records' refusal as a 400 naming the question and the field."""
     # loc[0] is the union tag (the type name); pydantic prefixes custom messages with "Value error, ".
-    problems = "; ".join(
-        f"{'.'.join(str(p) for p in e['loc'][1:] if str(p)) or 'criteria'}: {e['msg'].removeprefix('Value error, ')}"
-        for e in error.errors()
-    )
-    field = next((str(e["loc"][1]) for e in error.errors() if len(e["loc"]) > 1), "criteria")
+    problems = format_validation_error(error, root="criteria", separator="; ", skip=1)
+    field = next((path.split(".")[0] for path, _, _ in validation_problems(error, skip=1) if path), "criteria")
     return StructuredDecisionError(f"question {qid!r}: {problems}", param=f"questions.{qid}.{field}")
 
 

@@ -23,6 +23,7 @@ from pydantic import ConfigDict, Field, ValidationError
 from pydantic.dataclasses import dataclass
 
 from clm.decision.errors import DecisionLossConfigError
+from clm.errors import format_validation_error
 
 if TYPE_CHECKING:
     from clm.decision.loss import DecisionLoss
@@ -77,11 +78,7 @@ class DecisionLossConfig:
 
 def _describe(error: ValidationError) -> str:
     """``key: why (got value)`` per problem, in one line: the keys are the constructor's parameters."""
-    problems = []
-    for problem in error.errors():
-        key = ".".join(str(part) for part in problem["loc"]) or "<config>"
-        problems.append(f"{key}: {problem['msg']} (got {problem['input']!r})")
-    return "; ".join(problems)
+    return format_validation_error(error, separator="; ", show_input=True)
 
 
 def _raise_config_errors(validated_init):  # type: ignore[no-untyped-def]

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from clm.checkpoint.versions import version_label
-from clm.errors import BAD_INPUT, KindedError
+from clm.errors import BAD_INPUT, KindedError, format_validation_error
 from clm.promotion.config import GateConfig
 from clm.storage import Location, open_store
 from clm.storage.base import NotFound, ObjectStore
@@ -66,8 +66,7 @@ class GatePolicy(BaseModel):
         try:
             return cls.model_validate(raw)
         except ValidationError as error:
-            problems = "; ".join(f"{'.'.join(str(p) for p in problem['loc']) or '<policy>'}: "
-                                 f"{problem['msg'].removeprefix('Value error, ')}" for problem in error.errors())
+            problems = format_validation_error(error, root="<policy>", separator="; ")
             raise GatePolicyError(f"{source}: {problems}") from None
 
 

@@ -27,7 +27,7 @@ from clm.decision.config import DecisionLossConfig, Mode as DecisionMode
 from clm.decision_log.window import LogWindow
 from clm.encoders.spec import (EMBEDDER_API_KEY_ENV, DEFAULT_ENCODER_MAX_TOKENS, DEFAULT_ENCODER_MODEL,
                                DEFAULT_ENCODER_POOLING, EncoderSpec, spec_from_settings)
-from clm.errors import BAD_INPUT, KindedError
+from clm.errors import BAD_INPUT, KindedError, format_validation_error
 from clm.heads import HeadConfig
 from clm.recipes.overrides import OverrideError, apply_overrides, parse_overrides
 from clm.storage import Location, parse_object_url
@@ -344,18 +344,6 @@ class RecipeConfig(_Section):
     def to_json_dict(self) -> dict[str, Any]:
         """Plain JSON values (paths as strings): what ``--submit`` sends and the report records."""
         return self.model_dump(mode="json")
-
-
-def format_validation_error(error: ValidationError) -> str:
-    """``section.key: message`` per problem, the form users can map straight onto their YAML."""
-    lines = []
-    for problem in error.errors():
-        path = ".".join(str(part) for part in problem["loc"]) or "<config>"
-        message = problem["msg"].removeprefix("Value error, ")
-        if problem["type"] == "unexpected_keyword_argument":  # the loss section is a (pydantic) dataclass
-            message = "Extra inputs are not permitted"  # the words of every other section's unknown key
-        lines.append(f"{path}: {message}")
-    return "\n".join(lines)
 
 
 def build_config(raw: dict[str, Any], overrides: list[tuple[str, Any]] | None = None) -> RecipeConfig:
