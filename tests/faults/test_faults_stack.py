@@ -51,8 +51,8 @@ from support.trainer import EmbedderGate, PublishGate
 
 pytestmark = pytest.mark.slow
 
-LEASE_ENV = {"CLM_TRAINER_LEASE_SECONDS": "4", "CLM_TRAINER_HEARTBEAT_SECONDS": "1",
-             "CLM_TRAINER_CANCEL_POLL_SECONDS": "0.25", "CLM_TRAINER_MAX_ATTEMPTS": "4"}
+LEASE_ENV = {"CLM_TRAINER_LEASE_S": "4", "CLM_TRAINER_HEARTBEAT_S": "1",
+             "CLM_TRAINER_CANCEL_POLL_S": "0.25", "CLM_TRAINER_MAX_ATTEMPTS": "4"}
 
 DECISION_REQUEST = {
     "state": {"rule": "impossible travel", "user": "j.doe", "countries": ["DE", "BR"]},

@@ -50,7 +50,7 @@ def stack(root, tiny_qwen3_dir, vllm_server):
                                    "CLM_EMBEDDER_MAX_TOKENS": "512", "CLM_EMBEDDER_VLLM_TIMEOUT_S": "20",
                                    "CLM_EMBEDDER_COALESCE_WINDOW_MS": "400"})
     stack = TrainerStack(root, redis_url, tiny_qwen3_dir.parent,
-                         extra_env={"CLM_TRAINER_LEASE_SECONDS": "4", "CLM_TRAINER_HEARTBEAT_SECONDS": "1"})
+                         extra_env={"CLM_TRAINER_LEASE_S": "4", "CLM_TRAINER_HEARTBEAT_S": "1"})
     try:
         embedder.start()
         stack.extra_env["CLM_TRAINER_EMBEDDER_URL"] = embedder.url

@@ -346,7 +346,7 @@ def test_remote_embedding_through_the_embedder_service_matches_local(base_config
 
 
 def test_a_job_starting_while_the_embedder_is_down_waits_for_it(tiny_qwen3_dir, tmp_path):
-    """The identity lookup at setup retries (encoder.retry_seconds) instead of failing the job at once."""
+    """The identity lookup at setup retries (encoder.retry_s) instead of failing the job at once."""
     import threading
 
     from clm.encoders.spec import EmbedderUnreachable, fetch_remote_identity
@@ -356,7 +356,7 @@ def test_a_job_starting_while_the_embedder_is_down_waits_for_it(tiny_qwen3_dir, 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with pytest.raises(EmbedderUnreachable):
-        fetch_remote_identity(url, timeout_s=2, retry_seconds=0)
+        fetch_remote_identity(url, timeout_s=2, retry_s=0)
     started = {}
     notices: list[str] = []
     first_retry = threading.Event()
@@ -375,7 +375,7 @@ def test_a_job_starting_while_the_embedder_is_down_waits_for_it(tiny_qwen3_dir, 
     thread = threading.Thread(target=start_after_the_first_retry)
     thread.start()
     try:
-        fingerprint, dim = fetch_remote_identity(url, timeout_s=2, retry_seconds=120, on_retry=on_retry)
+        fingerprint, dim = fetch_remote_identity(url, timeout_s=2, retry_s=120, on_retry=on_retry)
     finally:
         first_retry.set()  # never leave the thread waiting, whatever the lookup did
         thread.join(timeout=180)

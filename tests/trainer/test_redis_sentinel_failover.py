@@ -37,7 +37,7 @@ def test_a_running_job_rides_through_a_sentinel_failover(sentinel_setup, stack_r
     stack = TrainerStack(stack_root, setup.url(db=1), tiny_qwen3_dir.parent, extra_env={
         "CLM_TRAINER_WORKER_METRICS_PORT": str(metrics_port),
         # A lease must outlive the failover: one that expires in it may be reaped and its job run again.
-        "CLM_TRAINER_LEASE_SECONDS": "20",
+        "CLM_TRAINER_LEASE_S": "20",
     })
 
     def submit(client: httpx.Client, name: str, epochs: int) -> str:

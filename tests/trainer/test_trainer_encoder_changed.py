@@ -36,7 +36,7 @@ def test_embedder_swapped_mid_job_fails_with_encoder_changed(tmp_path, tiny_qwen
     try:
         embedder.start()
         config = EncoderConfig(backend="embedder", embedder_url=embedder.url, model=str(tiny_qwen3_dir),
-                               retry_seconds=60)
+                               retry_s=60)
         encoder = config.spec().build()  # the job reads the identity once, here
         retrying = RetryingEncoder(encoder, RetryPolicy(budget_s=60))
 
@@ -75,7 +75,7 @@ def test_a_job_whose_embedder_changes_model_fails_with_encoder_changed_and_write
         digest_a = httpx.get(f"{embedder.url}/v1/encoder", timeout=10).json()["digest"]
         for _ in stack.started(workers=("w-swap",)):
             config = recipe_config(epochs=1, name="soc-swap", backend="embedder", data_prefix="swap-")
-            config["encoder"]["retry_seconds"] = 120  # the restart's downtime is waited for, as an outage
+            config["encoder"]["retry_s"] = 120  # the restart's downtime is waited for, as an outage
             with stack.client() as client:
                 gate.hold(after=0)  # the identity passes; every embedding request waits
                 response = client.post("/jobs", json={"config": config})

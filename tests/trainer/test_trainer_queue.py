@@ -16,7 +16,7 @@ from clm_trainer.job_store import IdempotencyConflict, JobStore, new_job_id
 
 @pytest.fixture()
 def settings(redis_url, tmp_path) -> TrainerSettings:
-    return TrainerSettings(redis_url=redis_url, lease_seconds=0.5, heartbeat_seconds=0.1, cancel_poll_seconds=0.1,
+    return TrainerSettings(redis_url=redis_url, lease_s=0.5, heartbeat_s=0.1, cancel_poll_s=0.1,
                            max_attempts=2, work_root=tmp_path / "work")
 
 
@@ -117,7 +117,7 @@ def test_expired_lease_requeues_then_fails_after_max_attempts(settings, queue):
 
 def test_heartbeat_keeps_the_lease_and_reports_cancel(settings, queue):
     # A 2 s lease: the one gap that must stay inside it is a heartbeat and the reap right after it.
-    settings = settings.model_copy(update={"lease_seconds": 2.0})
+    settings = settings.model_copy(update={"lease_s": 2.0})
     queue = JobQueue(queue.client, settings)
     job_id = submit(settings)
     claim = queue.claim("w1")

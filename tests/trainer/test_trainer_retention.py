@@ -20,7 +20,7 @@ from test_trainer_queue import redis_now_ms, submit, wait_lease_expired
 
 
 def make_settings(redis_url, tmp_path, retention_s: int) -> TrainerSettings:
-    return TrainerSettings(redis_url=redis_url, lease_seconds=0.5, heartbeat_seconds=0.1, cancel_poll_seconds=0.1,
+    return TrainerSettings(redis_url=redis_url, lease_s=0.5, heartbeat_s=0.1, cancel_poll_s=0.1,
                            max_attempts=1, work_root=tmp_path / "work", job_retention_s=retention_s)
 
 

@@ -33,7 +33,7 @@ def texts_of(count: int, prefix: str = "text") -> list[str]:
 
 
 def encoder_section(server: StandInVLLM, **keys) -> EncoderConfig:
-    return EncoderConfig(backend="embedder", embedder_url=server.url, retry_seconds=0, **keys)
+    return EncoderConfig(backend="embedder", embedder_url=server.url, retry_s=0, **keys)
 
 
 def embed(section: EncoderConfig, texts: list[str], path: Path, progress) -> tuple[EmbeddingTable, int]:

@@ -64,7 +64,7 @@ def test_each_settings_table_names_real_spec_fields_and_real_settings(settings_c
 def test_the_recipe_encoder_section_maps_onto_the_spec_and_a_rank_device_wins():
     section = EncoderConfig(backend="embedder", model="m", pooling="mean", normalize=False, dtype="bfloat16",
                             max_tokens=64, device="cuda", embedder_url="http://embedder:8001", batch_size=16,
-                            concurrency=2, timeout_s=5.0, retry_seconds=30.0)
+                            concurrency=2, timeout_s=5.0, retry_s=30.0)
     assert section.spec().model_dump(exclude_defaults=True) == {
         "backend": "embedder", "model": "m", "pooling": "mean", "normalize": False, "dtype": "bfloat16",
         "max_tokens": 64, "device": "cuda", "local_batch_texts": 16, "url": "http://embedder:8001",

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings
+
+from clm.renamed import take_renamed
 
 LogLevel = Literal["debug", "info", "warning", "error"]
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -39,10 +42,37 @@ class ServiceSettings(BaseSettings):
     log_level: LogLevel = Field("info", description="Log level of the service and uvicorn (debug, info, warning, error).")
     max_body_bytes: int = body_limit_field(1_000_000)
 
+    # Old field name -> new, for one release: the old variable (prefix + OLD) is still read, with a warning.
+    renamed_settings: ClassVar[dict[str, str]] = {}
+
+    def __init__(self, **values: Any) -> None:
+        super().__init__(**_renamed_values(type(self), values))
+
     @field_validator("log_level", mode="before")
     @classmethod
     def _lower_case_level(cls, value: Any) -> Any:
         return value.lower() if isinstance(value, str) else value  # INFO and info alike
+
+
+def _renamed_values(settings_class: type[ServiceSettings], values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with each renamed setting's old variable (or keyword) moved to its new field, as
+    :func:`clm.renamed.take_renamed` does for every layer; both names set is an error naming both."""
+    renamed = settings_class.renamed_settings
+    if not renamed:
+        return values
+    prefix = settings_class.model_config.get("env_prefix", "")
+    environment = {key.upper(): value for key, value in os.environ.items()}
+    variable = {name: f"{prefix}{name}".upper() for pair in renamed.items() for name in pair}
+    given: dict[str, Any] = {}
+    for old, new in renamed.items():
+        for name in (old, new):
+            if name in values:
+                given[name] = values[name]
+            elif variable[name] in environment:
+                given[name] = environment[variable[name]]
+    take_renamed(given, renamed, spell=lambda name: variable.get(name, name))
+    values = {key: value for key, value in values.items() if key not in renamed}
+    return {**given, **values}
 
 
 def environment_names(settings_class: type[BaseSettings], name: str) -> list[str]:

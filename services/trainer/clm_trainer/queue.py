@@ -6,11 +6,11 @@ Design (the simplest that survives crashes; see ``lua`` for the state machine):
 
 * a **list** of queued job ids plus a **sorted set of leases** keyed by expiry
   in Redis time. An idle worker polls ``claim`` (a Lua script: pop, mark
-  running, take a fencing token, set the lease) every ``poll_seconds``;
+  running, take a fencing token, set the lease) every ``poll_s``;
   polling rather than a blocking pop keeps the claim a single atomic step,
   so a worker that dies between "pop" and "mark" cannot lose a job.
-* a running job's worker renews its lease every ``heartbeat_seconds``. A
-  worker killed with SIGKILL stops renewing; after ``lease_seconds`` any
+* a running job's worker renews its lease every ``heartbeat_s``. A
+  worker killed with SIGKILL stops renewing; after ``lease_s`` any
   worker's ``reap`` (run by idle and busy workers alike) puts the job back
   at the front of the queue, or fails it after ``max_attempts`` claims.
 * every write a worker makes is **fenced** by its claim's token, so only the
@@ -68,7 +68,7 @@ class JobQueue:
 
     @property
     def _lease_ms(self) -> int:
-        return int(self.settings.lease_seconds * 1000)
+        return int(self.settings.lease_s * 1000)
 
     def claim(self, worker: str) -> Claim | None:
         found = self._claim(keys=[self.keys.queue, self.keys.leases, self.keys.fence],

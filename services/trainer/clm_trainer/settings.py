@@ -7,6 +7,7 @@ key prefix, the path roots a job may touch, and the lease timings.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -19,6 +20,10 @@ from clm_http.settings import ServiceSettings, body_limit_field, port_field
 
 class TrainerSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="CLM_TRAINER_", extra="ignore")
+
+    renamed_settings: ClassVar[dict[str, str]] = {  # durations end in _s, as every other setting's
+        "lease_seconds": "lease_s", "heartbeat_seconds": "heartbeat_s", "cancel_poll_seconds": "cancel_poll_s",
+        "poll_seconds": "poll_s"}
 
     port: int = port_field(8002)  # of the jobs API (workers listen on nothing)
     max_body_bytes: int = body_limit_field(1_000_000)
@@ -50,10 +55,10 @@ class TrainerSettings(ServiceSettings):
                                       "the AWS_* variables).")
     work_root: Path = Field(Path("var/trainer"), description="Reports, epoch checkpoints for resume, embedding tables.")
     cache_dir: Path | None = Field(None, description="Embedding-table cache shared by all jobs (default: <work_root>/cache).")
-    lease_seconds: float = Field(30.0, gt=0, description="A job whose worker misses heartbeats this long goes back to the queue.")
-    heartbeat_seconds: float = Field(5.0, gt=0, description="How often a worker renews its lease.")
-    cancel_poll_seconds: float = Field(1.0, gt=0, description="How often a running job checks for a cancel request.")
-    poll_seconds: float = Field(0.5, gt=0, description="How often an idle worker looks for a queued job.")
+    lease_s: float = Field(30.0, gt=0, description="A job whose worker misses heartbeats this long goes back to the queue.")
+    heartbeat_s: float = Field(5.0, gt=0, description="How often a worker renews its lease.")
+    cancel_poll_s: float = Field(1.0, gt=0, description="How often a running job checks for a cancel request.")
+    poll_s: float = Field(0.5, gt=0, description="How often an idle worker looks for a queued job.")
     progress_interval_s: float = Field(1.0, ge=0, description="Minimum seconds between two progress events of a job (phase changes always go out).")
     max_events: int = Field(2000, ge=10, description="Events kept per job (older ones are trimmed).")
     job_retention_s: int = Field(30 * 86_400, ge=1, description="A finished job and its events expire this long after "
@@ -87,9 +92,9 @@ class TrainerSettings(ServiceSettings):
     @model_validator(mode="after")
     def _lease_outlives_heartbeats(self) -> "TrainerSettings":
         # A lease shorter than two heartbeats expires under a healthy worker: jobs would run twice.
-        if self.lease_seconds < 2 * min(self.heartbeat_seconds, self.cancel_poll_seconds):
-            raise ValueError(f"lease_seconds ({self.lease_seconds}) must be at least twice the heartbeat interval "
-                             f"({min(self.heartbeat_seconds, self.cancel_poll_seconds)}s)")
+        if self.lease_s < 2 * min(self.heartbeat_s, self.cancel_poll_s):
+            raise ValueError(f"lease_s ({self.lease_s}) must be at least twice the heartbeat interval "
+                             f"({min(self.heartbeat_s, self.cancel_poll_s)}s)")
         return self
 
     @property

@@ -2,7 +2,7 @@
 
 Failure behaviour, by design:
 
-* **SIGKILL / crash / power loss**: heartbeats stop; after ``lease_seconds``
+* **SIGKILL / crash / power loss**: heartbeats stop; after ``lease_s``
   another worker reaps the job and runs it again. The new run resumes after
   the last finished epoch (``<work_root>/<job id>/resume``) and, if the crash
   hit after publishing, finds the published version instead of making a new
@@ -10,7 +10,7 @@ Failure behaviour, by design:
 * **SIGTERM / Ctrl-C**: the running job stops at its next step and is
   released to the front of the queue at once (not counted as a lost attempt).
 * **Cancel**: the lease monitor sees the request within
-  ``cancel_poll_seconds``; the run stops at its next step and ends ``cancelled``.
+  ``cancel_poll_s``; the run stops at its next step and ends ``cancelled``.
 * **Zombie** (paused past its lease, then resumed): its fenced writes are
   refused; it notices on its next heartbeat and abandons the run.
 * **Redis outage**: the worker keeps training; its progress writes are
@@ -84,7 +84,7 @@ def classify(error: BaseException) -> dict[str, str]:
 class LeaseMonitor(threading.Thread):
     """Renews the lease and polls for a cancel request while a job runs (one per running job).
 
-    One heartbeat call does both, every ``min(heartbeat_seconds, cancel_poll_seconds)``: it is a single
+    One heartbeat call does both, every ``min(heartbeat_s, cancel_poll_s)``: it is a single
     cheap Lua call, and renewing more often than required only makes the lease safer.
     """
 
@@ -96,7 +96,7 @@ class LeaseMonitor(threading.Thread):
         self.lost = threading.Event()
         self.cancel_requested = threading.Event()
         self.closed = threading.Event()
-        self._interval = min(settings.heartbeat_seconds, settings.cancel_poll_seconds)
+        self._interval = min(settings.heartbeat_s, settings.cancel_poll_s)
 
     def should_stop(self) -> bool:
         return self.lost.is_set() or self.cancel_requested.is_set() or self.stopping.is_set()
@@ -149,7 +149,7 @@ class Worker:
     def _reap_if_due(self) -> None:
         if time.monotonic() < self._next_reap:
             return
-        self._next_reap = time.monotonic() + max(self.settings.lease_seconds / 4, 0.2)
+        self._next_reap = time.monotonic() + max(self.settings.lease_s / 4, 0.2)
         for job_id, outcome in self.queue.reap():
             logger.warning("job %s: its worker's lease expired -> %s", job_id, outcome)
 
@@ -168,7 +168,7 @@ class Worker:
             except redis.RedisError:  # stopped while Redis was down
                 break
             if claim is None:
-                self.stopping.wait(self.settings.poll_seconds)
+                self.stopping.wait(self.settings.poll_s)
                 continue
             self.run_claim(claim)
         logger.info("worker %s: stopped", self.worker_id)
@@ -194,7 +194,7 @@ class Worker:
 
     def _reap_while(self, monitor: LeaseMonitor) -> None:
         """A busy worker still reaps, so a dead peer's job does not wait for an idle worker to notice."""
-        while monitor.is_alive() and not monitor.closed.wait(max(self.settings.lease_seconds / 4, 0.2)):
+        while monitor.is_alive() and not monitor.closed.wait(max(self.settings.lease_s / 4, 0.2)):
             try:
                 self._reap_if_due()
             except redis.RedisError:

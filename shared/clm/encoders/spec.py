@@ -285,15 +285,15 @@ class EmbedderUnreachable(EncoderUnavailable):
     """The embedder did not answer its identity question (connection refused, timeout, 5xx): an outage."""
 
 
-def fetch_remote_identity(url: str, timeout_s: float, retry_seconds: float = 0.0,
+def fetch_remote_identity(url: str, timeout_s: float, retry_s: float = 0.0,
                           on_retry: RetryNotice | None = None, api_key: str = "") -> tuple[EncoderFingerprint, int]:
     """The (fingerprint, dim) an embedder reports at ``GET {url}/v1/encoder``.
 
     While the embedder is unreachable the call is retried with backoff for up
-    to ``retry_seconds``, so a job that starts during an embedder restart
+    to ``retry_s``, so a job that starts during an embedder restart
     waits instead of failing; ``on_retry`` hears of every retry.
     """
-    if retry_seconds <= 0:
+    if retry_s <= 0:
         return _fetch_identity_once(url, timeout_s, api_key)
 
     def announce(state: RetryCallState) -> None:
@@ -302,7 +302,7 @@ def fetch_remote_identity(url: str, timeout_s: float, retry_seconds: float = 0.0
         if on_retry is not None:
             on_retry(message)
 
-    retrying = RetryPolicy(budget_s=retry_seconds).retrying(is_outage, before_sleep=announce)
+    retrying = RetryPolicy(budget_s=retry_s).retrying(is_outage, before_sleep=announce)
     return retrying(_fetch_identity_once, url, timeout_s, api_key)
 
 

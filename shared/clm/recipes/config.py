@@ -29,6 +29,7 @@ from clm.encoders.spec import (EMBEDDER_API_KEY_ENV, DEFAULT_ENCODER_MAX_TOKENS,
                                DEFAULT_ENCODER_POOLING, EncoderSpec, spec_from_settings)
 from clm.errors import BAD_INPUT, KindedError, format_validation_error
 from clm.heads import HeadConfig
+from clm.renamed import take_renamed
 from clm.recipes.overrides import OverrideError, apply_overrides, parse_overrides
 from clm.storage import Location, parse_object_url
 
@@ -105,11 +106,14 @@ class DataConfig(_Section):
 ENCODER_SETTINGS = {
     "backend": "backend", "model": "model", "pooling": "pooling", "normalize": "normalize", "dtype": "dtype",
     "max_tokens": "max_tokens", "device": "device", "local_batch_texts": "batch_size", "url": "embedder_url",
-    "timeout_s": "timeout_s", "identity_retry_s": "retry_seconds",
+    "timeout_s": "timeout_s", "identity_retry_s": "retry_s",
 }  # and, derived from several keys (EncoderConfig.spec): remote_batch_texts, max_concurrency
 
 # Twice what two vLLM replicas take behind an embedder with its defaults (4 requests of 256 texts each): with
 # no more in flight than the fleet takes, every refill of a vLLM slot waits for a round trip to the job.
+# Old key -> new, read for one release (clm.renamed): durations end in _s.
+RENAMED_ENCODER_KEYS = {"retry_seconds": "retry_s"}
+
 DEFAULT_MAX_TEXTS_IN_FLIGHT = 4096
 DEFAULT_REQUESTS_IN_FLIGHT = 8  # 8 chunks of 512: half the embedder's CLM_EMBEDDER_MAX_IN_FLIGHT_REQUESTS (16)
 
@@ -129,7 +133,7 @@ class EncoderConfig(_Section):
     ``backend: embedder`` calls our embedder service at ``embedder_url``,
     which names its encoder (``GET /v1/encoder``) and every answer's; while it
     is unavailable (restarting, its vLLM down) a run waits and retries each
-    batch with backoff for up to ``retry_seconds`` in total. A job keeps
+    batch with backoff for up to ``retry_s`` in total. A job keeps
     ``max_texts_in_flight`` texts in flight to the embedder (``batch_size``
     texts a request): its chunks are pipelined, so a fleet of vLLM replicas
     behind the embedder is kept busy by one job.
@@ -172,12 +176,19 @@ class EncoderConfig(_Section):
         description="embedder backend: requests in flight at most; each counts against the embedder's "
                     "CLM_EMBEDDER_MAX_IN_FLIGHT_REQUESTS (16 by default), where more are refused with 503")
     timeout_s: float = Field(120.0, gt=0)
-    retry_seconds: float = Field(
+    retry_s: float = Field(
         300.0, ge=0,
         description="embedder backend: total seconds a run keeps retrying an embedding batch while the embedder "
                     "is unavailable (connection refused, 5xx/503, timeouts), with exponential backoff; every "
                     "retry is reported as an 'embedding' progress event. 0 = fail at the first outage",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_keys(cls, values: Any) -> Any:
+        if isinstance(values, dict):
+            values = take_renamed(dict(values), RENAMED_ENCODER_KEYS, spell=lambda key: f"encoder.{key}")
+        return values
 
     @model_validator(mode="after")
     def _embedder_needs_url(self) -> "EncoderConfig":
