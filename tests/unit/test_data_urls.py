@@ -112,8 +112,15 @@ def test_without_data_stores_no_url_is_admitted():
 
 def test_the_data_stores_setting_is_parsed_at_start_up(monkeypatch):
     monkeypatch.setenv("CLM_TRAINER_DATA_STORES", " s3://clm/data/ ,s3://shared,, ")
-    assert TrainerSettings().data_store_locations == ["s3://clm/data", "s3://shared"]
-    assert TrainerSettings(data_stores="").data_store_locations == []
+    assert TrainerSettings().data_stores == ["s3://clm/data", "s3://shared"]
+    monkeypatch.setenv("CLM_TRAINER_DATA_STORES", '["s3://clm/data", "s3://shared"]')  # the list form
+    assert TrainerSettings().data_stores == ["s3://clm/data", "s3://shared"]
+    monkeypatch.setenv("CLM_TRAINER_DATA_STORES", '["s3://clm/data",')
+    with pytest.raises(ValidationError, match="not a JSON list"):
+        TrainerSettings()
+    monkeypatch.delenv("CLM_TRAINER_DATA_STORES")
+    assert TrainerSettings(data_stores="").data_stores == []
+    assert TrainerSettings(data_stores=["s3://abc/b"]).data_stores == ["s3://abc/b"]
     for bad in ("http://clm/data", "s3://Bad_Bucket/x", "s3://clm/../x", "/local/folder"):
         with pytest.raises(ValidationError, match="data_stores"):
             TrainerSettings(data_stores=bad)

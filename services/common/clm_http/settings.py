@@ -9,18 +9,41 @@ process the same way for all three (one log format, one uvicorn call).
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AliasChoices, Field, field_validator
-from pydantic_settings import BaseSettings
+from pydantic import AliasChoices, BeforeValidator, Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode
 
 from clm.renamed import take_renamed
 
 LogLevel = Literal["debug", "info", "warning", "error"]
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def _as_list(value: Any) -> Any:
+    """A list setting from the environment: a JSON list (``["a", "b"]``) or the comma form (``a,b``); items
+    stripped, empty ones dropped."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"not a JSON list: {error}") from None
+        else:
+            value = text.split(",")
+    if isinstance(value, (list, tuple)):
+        return [item.strip() if isinstance(item, str) else item for item in value
+                if not (isinstance(item, str) and not item.strip())]
+    return value
+
+
+#: A list of strings, set as a JSON list or comma-separated (pydantic-settings would read only JSON).
+StrList = Annotated[list[str], NoDecode, BeforeValidator(_as_list)]
 
 
 def port_field(default: int, **options: Any) -> Any:

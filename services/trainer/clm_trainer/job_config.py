@@ -135,7 +135,7 @@ def _records_file(value: Path | str, settings: TrainerSettings, key: str) -> Pat
     """A ``data.*`` value confined and checked to exist: a file under ``data_root``, or an object (a HEAD) in one
     of ``data_stores``. A store that does not answer raises its ``StorageError`` (503 at the API, not a 400)."""
     if isinstance(value, str) and is_url(value):  # clm.storage.Location keeps bucket URLs as text
-        url = confine_url(value, settings.data_store_locations, key)
+        url = confine_url(value, settings.data_stores, key)
         if head_url(url, timeout_s=HEAD_TIMEOUT_S) is None:
             raise JobConfigError(f"{key}: there is no object {url}", key=key, refused_by="path")
         return url
@@ -147,9 +147,9 @@ def _records_file(value: Path | str, settings: TrainerSettings, key: str) -> Pat
 
 def _decision_log(value: Path | str, settings: TrainerSettings) -> Path | str:
     """``data.log.location``: a decision log (a folder under ``data_root``, or a prefix in one of ``data_stores``)."""
-    return confine_location(value, [settings.data_root, *settings.data_store_locations], "data.log.location",
+    return confine_location(value, [settings.data_root, *settings.data_stores], "data.log.location",
                             f"the trainer's data root {settings.data_root} and "
-                            f"{_allowed_stores(settings.data_store_locations)}")
+                            f"{_allowed_stores(settings.data_stores)}")
 
 
 def _first_key(message: str) -> str | None:
@@ -226,7 +226,7 @@ def prepare_config(raw: Any, settings: TrainerSettings, job_id: str) -> RecipeCo
     if isinstance(data_section, dict):  # a URL the service refuses is a 400 whatever its scheme, before validation
         for split in DATA_FILES:
             if isinstance(data_section.get(split), str) and is_url(data_section[split]):
-                confine_url(data_section[split], settings.data_store_locations, f"data.{split}")
+                confine_url(data_section[split], settings.data_stores, f"data.{split}")
     output_section = raw.get("output")
     root_given = isinstance(output_section, dict) and output_section.get("checkpoint_root") is not None
     cfg = _validate(raw)

@@ -15,7 +15,7 @@ from pydantic_settings import SettingsConfigDict
 from clm.redis_connect import parse_sentinel_url
 from clm.storage import Location, parse_location, parse_object_url
 from clm.redis_connect import redact as redact_url  # noqa: F401  (the one redaction, re-exported)
-from clm_http.settings import ServiceSettings, body_limit_field, port_field
+from clm_http.settings import ServiceSettings, StrList, body_limit_field, port_field
 
 
 class TrainerSettings(ServiceSettings):
@@ -37,9 +37,9 @@ class TrainerSettings(ServiceSettings):
                                             "admits CLM_EMBEDDER_MAX_IN_FLIGHT_REQUESTS (16) from everyone, clm-serve "
                                             "included, so one job must not take them all.")
     data_root: Path = Field(Path("examples"), description="Job data paths must resolve inside this folder.")
-    data_stores: str = Field(
-        "", description="Where a job's `data.*` may name records by URL: comma-separated `s3://bucket/prefix` "
-        "locations (a URL must lie inside one, by whole path segments; endpoint and credentials from the standard "
+    data_stores: StrList = Field(
+        default_factory=list, description="Where a job's `data.*` may name records by URL: `s3://bucket/prefix` "
+        "locations, a JSON list or comma-separated (a URL must lie inside one, by whole path segments; endpoint and credentials from the standard "
         "`AWS_*` variables). Empty: no URLs, only files under `data_root`.")
     report_store: str = Field(
         "", description="Where finished jobs' reports are kept: `<report_store>/<job id>/report.json`, `.html`, "
@@ -79,10 +79,9 @@ class TrainerSettings(ServiceSettings):
 
     @field_validator("data_stores")
     @classmethod
-    def _data_stores_parse(cls, value: str) -> str:
+    def _data_stores_parse(cls, value: list[str]) -> list[str]:
         # Each one parsed now, so a typo fails at start-up, not as a refusal of every job naming it.
-        return ",".join(str(parse_object_url(item.strip(), need_key=False)) for item in value.split(",")
-                        if item.strip())
+        return [str(parse_object_url(item, need_key=False)) for item in value]
 
     @field_validator("report_store")
     @classmethod
@@ -96,11 +95,6 @@ class TrainerSettings(ServiceSettings):
             raise ValueError(f"lease_s ({self.lease_s}) must be at least twice the heartbeat interval "
                              f"({min(self.heartbeat_s, self.cancel_poll_s)}s)")
         return self
-
-    @property
-    def data_store_locations(self) -> list[str]:
-        """``data_stores`` as a list of ``s3://bucket[/prefix]`` locations (normalized at start-up)."""
-        return [item for item in self.data_stores.split(",") if item]
 
     @property
     def effective_cache_dir(self) -> Path:
