@@ -83,6 +83,14 @@ KEY_ID_STATE = "api_key_id"
 NO_KEY_ID = "anonymous"
 
 
+def tenant_of(request: object | None) -> str | None:
+    """Whose request this is (a Starlette request, or None outside HTTP): its API key's id (:func:`key_id`),
+    never the key; ``NO_KEY_ID`` on a service with no key configured."""
+    if request is None:
+        return None
+    return getattr(request, "scope", {}).get("state", {}).get(KEY_ID_STATE, NO_KEY_ID)
+
+
 def key_id(digest: bytes) -> str:
     """A key's public name: ``key-`` and the first 12 hex digits of the SHA-256 of its SHA-256 (a decision log
     names its tenant so; neither the key nor its digest, which the middleware compares with, is ever shown)."""

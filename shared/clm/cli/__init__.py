@@ -20,7 +20,8 @@ import sys
 
 from clm.errors import KindedError, exit_code
 
-SUBCOMMAND_MODULES = ("clm.cli.records", "clm.cli.train", "clm.cli.eval", "clm.cli.log", "clm.cli.promote")
+SUBCOMMAND_MODULES = ("clm.cli.records", "clm.cli.train", "clm.cli.eval", "clm.cli.log", "clm.cli.promote",
+                      "clm.cli.canary")
 
 
 def build_parser() -> argparse.ArgumentParser:

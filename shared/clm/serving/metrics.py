@@ -117,6 +117,19 @@ class ServeMetrics:
             "clm_serve_shadow_dropped", "Shadowed answers dropped because the shadow queue was full "
             "(CLM_SERVE_SHADOW_QUEUE): shadow scoring never makes a live request wait.", ["model"], registry=r,
         )
+        self.canary_share = Gauge(
+            "clm_serve_canary_share", "Share of a served model's traffic its canary (the newly promoted version) "
+            "answers now, by the name's canary policy (canary.json; docs/promotion.md): the stage's share while it "
+            "runs, 1 once completed, 0 once rolled back; 1 without a canary.", ["model"], registry=r,
+        )
+        self.canary_answers = Counter(
+            "clm_serve_canary_answers", "Answers of a served model during its canary, by arm: `canary` (the "
+            "promoted version) or `previous` (the version it replaced).", ["model", "arm"], registry=r,
+        )
+        self.canary_rollbacks = Counter(
+            "clm_serve_canary_rollbacks", "Canaries this replica rolled back (its look crossed a sequential test "
+            "and its write of `rolled_back` won), by served model.", ["model"], registry=r,
+        )
         self.encoder_changes = Counter(
             "clm_serve_encoder_changes", "Times the embedder answered with another encoder digest (heads unloaded, "
             "identity reloaded).", registry=r,

@@ -33,7 +33,7 @@ from clm.serving.engine import DecisionEngine
 from clm.serving.metrics import ServeMetrics
 from clm.serving.names import RAW_MODEL, ServedModel, ServedNames, aliases, resolve_model
 from clm.serving.published import BucketRoot, FixedFile, HeadsFinder, PublishedRoot, open_root
-from clm.serving.reloader import HeadsManager, ReloadOutcome, cancel_all, pause
+from clm.serving.reloader import BeforeSwap, HeadsManager, ReloadOutcome, cancel_all, pause
 from clm.storage import StorageError
 
 logger = logging.getLogger(__name__)
@@ -117,6 +117,7 @@ class HeadsRegistry:
         self.managers: dict[str, HeadsManager] = {}
         self._names = ServedNames(config.served_model_name, (), {})
         self._serving: tuple[EncoderBackend, DecisionEngine, list[str]] | None = None
+        self.before_swap: BeforeSwap | None = None  # asked by every manager before a swap (clm.serving.canary)
         self._add(configured_sources(config, self.root))
         if isinstance(self.root, BucketRoot):  # a bucket is asked at start, off the event loop
             self._add(_ckpt_dir_sources(config, {*self.sources, *self._names.heads}))
@@ -174,8 +175,9 @@ class HeadsRegistry:
     def stop_serving(self) -> None:
         """Take every heads out of service (the encoder changed): requests get 503 until ``start`` again."""
         for name, manager in self.managers.items():
-            if manager.current is not None:
-                self.actions.drop(manager.current.actions.heads_key)
+            for heads in (manager.current, manager.previous):
+                if heads is not None:
+                    self.actions.drop(heads.actions.heads_key)
             self.metrics.heads_loaded.labels(name).set(0)
         self.managers = {}
         self._serving = None
@@ -184,7 +186,7 @@ class HeadsRegistry:
         assert self._serving is not None
         encoder, engine, warm = self._serving
         manager = HeadsManager(source.name, source.finder, self.config, encoder, engine, self.metrics, self.actions,
-                               warm)
+                               warm, self.before_swap)
         self.managers[source.name] = manager
         return manager
 

@@ -19,7 +19,10 @@ A reload, serialised by one lock:
 3. warms the new heads' action cache with the option texts the current heads
    have seen (and the configured warm-up set): their encoder vectors are
    already held, so this is one projection, not an encoder pass;
-4. publishes with one reference assignment. Requests already running finish
+4. asks ``before_swap`` (the canary: ``clm.serving.canary``) whether the
+   replaced version must keep serving a share beside the new one (it then
+   stays as ``previous``, its projections kept);
+5. publishes with one reference assignment. Requests already running finish
    on the heads they captured; the replaced version's projections leave the
    shared action cache.
 
@@ -40,6 +43,7 @@ import json
 import logging
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -121,6 +125,10 @@ def warm_option_texts(path: Path, max_options: int) -> list[str]:
     return list(texts)
 
 
+# before_swap(manager, serving now, about to serve) -> the heads to keep beside the new ones (None: none)
+BeforeSwap = Callable[["HeadsManager", "LoadedHeads | None", LoadedHeads], Awaitable["LoadedHeads | None"]]
+
+
 class HeadsManager:
     """The heads of one served model (``name``), found by ``finder``: a published name's ``latest`` (in a
     folder or a bucket) or a fixed .pt file / version folder."""
@@ -135,8 +143,10 @@ class HeadsManager:
         metrics: ServeMetrics,
         actions: SharedActionCache,
         warm_texts: list[str] | None = None,
+        before_swap: BeforeSwap | None = None,
     ) -> None:
         self.name = name
+        self.before_swap = before_swap
         self.finder = finder
         self.actions = actions
         self.config = config
@@ -145,6 +155,8 @@ class HeadsManager:
         self.metrics = metrics
         self.warm_texts = warm_texts or []
         self.current: LoadedHeads | None = None
+        # the version ``current`` replaced, kept loaded while a canary still routes a share to it
+        self.previous: LoadedHeads | None = None
         self.last_error: dict | None = None
         self.source_error: dict | None = None  # the bucket not answering: since when, how many polls
         self.events: deque[ReloadOutcome] = deque(maxlen=20)
@@ -211,9 +223,10 @@ class HeadsManager:
             # The heads are valid; options will be filled on first sight once the encoder is back.
             warmed = 0
             logger.warning("heads %s: action cache warm-up skipped (encoder unavailable: %s)", new.version, error)
-        old, self.current, self._identity = self.current, new, identity  # the swap: one reference assignment
-        if old is not None and old.actions.heads_key != new.actions.heads_key:
-            self.actions.drop(old.actions.heads_key)
+        keep = await self._kept_beside(new)
+        old, stale = self.current, self.previous
+        self.current, self.previous, self._identity = new, keep, identity  # the swap: one reference assignment
+        self._drop_unused(old, stale)
         elapsed = time.perf_counter() - started
         self.metrics.reloads.labels(self.name, "success").inc()
         self.metrics.reload_seconds.observe(elapsed)
@@ -226,6 +239,29 @@ class HeadsManager:
         logger.info("heads reload (%s): %s", trigger, message)
         await asyncio.to_thread(self._served, target)
         return ReloadOutcome("loaded", trigger, str(path), new.version, message, _now())
+
+    async def _kept_beside(self, new: LoadedHeads) -> LoadedHeads | None:
+        """``before_swap``'s answer; a failure of it serves the new heads alone (logged)."""
+        if self.before_swap is None:
+            return None
+        try:
+            return await self.before_swap(self, self.current, new)
+        except Exception:  # noqa: BLE001  (the new version is loaded and checked: it serves)
+            logger.exception("%s: deciding what serves beside %s failed; it serves everything", self.name, new.version)
+            return None
+
+    def _drop_unused(self, *replaced: LoadedHeads | None) -> None:
+        """The projections of replaced heads leave the shared action cache, unless heads serving now share them."""
+        in_use = {heads.actions.heads_key for heads in (self.current, self.previous) if heads is not None}
+        for heads in replaced:
+            if heads is not None and heads.actions.heads_key not in in_use:
+                self.actions.drop(heads.actions.heads_key)
+                in_use.add(heads.actions.heads_key)
+
+    def release_previous(self) -> None:
+        """The replaced version serves no share any more (its canary ended): let it go."""
+        previous, self.previous = self.previous, None
+        self._drop_unused(previous)
 
     def _warm_set(self, trained_options: list[str]) -> list[str]:
         """Options to project before the swap: the checkpoint's training options, the warm-up file's,

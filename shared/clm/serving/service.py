@@ -33,6 +33,7 @@ from clm.encoders.spec import fetch_remote_identity
 from clm.retry import RetryPolicy, failure_of, next_sleep
 from clm.serving.action_cache import OptionEmbeddings
 from clm.serving.batcher import ProjectionBatcher
+from clm.serving.canary import CanaryRouter
 from clm.serving.calibrated import check_alpha, decide, temperatures
 from clm.serving.recording import DecisionRecorder
 from clm.serving.config import ServingConfig
@@ -71,6 +72,9 @@ class ServeRuntime:
         self.drift = DriftMonitor(config.drift, self.metrics) if config.drift is not None else None
         # a candidate version scoring a share of live answers off the response path (clm.serving.shadow)
         self.shadow = ShadowScorer(config.shadow, self.metrics) if config.shadow is not None else None
+        # a newly promoted version serving a share beside the one it replaced, under its name's canary policy
+        self.canary = CanaryRouter(self.metrics)
+        self.registry.before_swap = self.canary.before_swap
         self._retired: list = []  # components of a replaced encoder identity, closed at stop()
 
     @property
@@ -103,9 +107,10 @@ class ServeRuntime:
 
     async def score(self, model: ServedModel, questions: Sequence[Question], state_texts: Sequence[str], *,
                     temperature: float = 1.0, request_id: str = "", alpha: float | None = None,
-                    calibration_ids: Sequence[str] | None = None) -> Scored:
+                    calibration_ids: Sequence[str] | None = None, tenant: str | None = None) -> Scored:
         """The probabilities of ``questions`` (already checked) asked of ``model``, all computed by one heads
-        version, captured once (``clm.serving.scoring``), calibrated and decided where the heads are
+        version, captured once (``clm.serving.scoring``; during a canary, the arm the decision id or ``tenant``
+        hashes to: ``clm.serving.canary``), calibrated and decided where the heads are
         (``clm.serving.calibrated``: ``alpha`` a stricter level asked for; ``calibration_ids`` the id each
         question's calibration is looked up by, default its own id)."""
         manager = self.registry.managers.get(model.served)
@@ -113,6 +118,9 @@ class ServeRuntime:
         engine = self.engine
         if engine is None or (heads is None and not model.is_raw):
             raise HeadsNotReady(model.served, self.model_phase(model.served))
+        decision_id = new_decision_id()
+        if heads is not None and not model.is_raw:
+            heads = self.canary.route(model.served, heads, decision_id, tenant)
         calibration = None if model.is_raw or heads is None else heads.calibration
         check_alpha(calibration, alpha)
         ids = list(calibration_ids) if calibration_ids is not None else [q.id for q in questions]
@@ -142,7 +150,7 @@ class ServeRuntime:
         decisions = decide(calibration, type_ids, ids, decision.probs, alpha)
         if self.drift is not None and heads is not None:  # counts only (O(1) per answer); compared lazily
             self.drift.observe(model.served, heads, ids, questions, decision.probs, decision.state_vectors)
-        decision_id = new_decision_id()
+        self.canary.observe(model.served, heads, questions, ids, decision.probs, decision.state_vectors)
         if self.shadow is not None:  # queued for the candidate, never waited for
             self.shadow.offer(model.served, heads, decision_id, questions, ids, decision.probs, decision.state_vectors)
         if decisions is not None:
@@ -154,7 +162,8 @@ class ServeRuntime:
                       question_ids=tuple(ids))
 
     async def _shadow_score(self, candidate, questions, state_vectors, ids, executor) -> list[list[float]]:
-        """A candidate's answers to a live answer's questions, as it would serve them (its own calibration)."""
+        """Other heads' answers to a live answer's questions, as they would serve them (their own calibration): a
+        shadow candidate's, or during a canary the previous version's."""
         assert self.engine is not None
         fitted = temperatures(candidate.calibration, [q.type_id for q in questions],
                               [len(q.option_texts) for q in questions], ids)
@@ -214,6 +223,7 @@ class ServeRuntime:
             await self.recorder.close()  # what is buffered is written (a SIGKILL would lose it: docs/decision-log.md)
         if self.shadow is not None:
             self.shadow.close()
+        self.canary.close()
         if self.encoder is not None and self._owns_encoder:
             await self.encoder.aclose()
         for component in self._retired:
@@ -279,6 +289,9 @@ class ServeRuntime:
             watchers = [self._watch_identity(run_stop)] if config.embedder_url else []
             if self.drift is not None:  # PSI and the state test every interval_s (gauges, alerts)
                 watchers.append(self.drift.watch(run_stop, self._served_heads, self._state_encoder))
+            watchers += [self.canary.watch(run_stop, lambda: self.registry.managers,
+                                           lambda: None if self.recorder is None else self.recorder.store),
+                         self.canary.work(run_stop, self._shadow_score)]
             if self.shadow is not None:  # the newest candidate of each served name, and its one consumer
                 watchers += [self.shadow.watch(run_stop, lambda: list(self.registry.managers), newest_candidate(self)),
                              self.shadow.work(run_stop, self._shadow_score)]

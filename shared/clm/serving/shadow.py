@@ -7,9 +7,9 @@ with the live answers is counted, so a promotion can be judged on production tra
 * **Which requests**: a stable share of decision ids (``sha256`` of the id, so a replica, a retry or a later audit
   picks the same ones), only answers computed by heads (``clm-raw`` has nothing to compare).
 * **Off the response path, bounded**: the live answer's state vectors (computed anyway) go into a bounded queue
-  (``queue`` items; a full queue drops and counts, never waits); one consumer scores them with the candidate's
-  heads, one item at a time, in a thread of its own: the live request never waits for it and shadow work takes
-  at most one core's slice. Option projections come from the shared action cache, so a candidate pays each
+  (``queue`` items; a full queue drops and counts, never waits: ``OffPath``, which the canary's agreement check
+  uses too); one consumer scores them with the candidate's heads, one item at a time, in a thread of its own:
+  the live request never waits for it and shadow work takes at most one core's slice. Option projections come from the shared action cache, so a candidate pays each
   option text once.
 * **What is counted**: per served model and candidate version, answers compared, answers where the top option
   is the same, and the latest flips (question id, both answers): ``clm_serve_shadow_*`` metrics and the
@@ -68,28 +68,75 @@ Score = Callable[[LoadedHeads, Sequence[Any], np.ndarray, Sequence[str], Executo
 FindCandidate = Callable[[str, "LoadedHeads | None"], Awaitable["LoadedHeads | None"]]
 
 
+def top(probs: Sequence[float]) -> int:
+    """The index of the most probable option (what an answer's agreement compares)."""
+    return int(np.argmax(probs))
+
+
+class OffPath:
+    """Work done off the response path: a bounded queue (``size`` items; a full queue refuses, never waits) and one
+    consumer handing each item, with a thread of its own, to ``handle``: what the shadow candidate and the canary's
+    agreement check (``clm.serving.canary``) both score with, so neither makes a live request wait."""
+
+    def __init__(self, size: int, thread_name: str) -> None:
+        self.size = size
+        self._queue: asyncio.Queue | None = None
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=thread_name)
+
+    @property
+    def running(self) -> bool:
+        """Whether a consumer takes items (``work`` runs)."""
+        return self._queue is not None
+
+    def offer(self, item: Any) -> bool:
+        """Queue ``item``; False when it was not (the queue is full, or no consumer runs). Never blocks."""
+        if self._queue is None:
+            return False
+        try:
+            self._queue.put_nowait(item)
+        except asyncio.QueueFull:
+            return False
+        return True
+
+    async def work(self, stop: asyncio.Event, handle: Callable[[Any, Executor], Awaitable[None]]) -> None:
+        """The one consumer, until ``stop``: ``handle(item, thread)`` for each item, one at a time."""
+        self._queue = asyncio.Queue(maxsize=self.size)
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            while not stop.is_set():
+                getting = asyncio.ensure_future(self._queue.get())
+                await asyncio.wait({getting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+                if not getting.done():
+                    getting.cancel()
+                    break
+                await handle(getting.result(), self._thread)
+        finally:
+            stopped.cancel()
+            self._queue = None
+
+    def close(self) -> None:
+        self._thread.shutdown(wait=False, cancel_futures=True)
+
+
 class ShadowScorer:
     def __init__(self, settings: ShadowScoring, metrics: ServeMetrics) -> None:
         self.settings = settings
         self.metrics = metrics
         self.candidates: dict[str, LoadedHeads] = {}  # served name -> the candidate scoring its share
         self._tallies: dict[tuple[str, str], _Tally] = {}
-        self._queue: asyncio.Queue | None = None
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clm-shadow")
+        self._work = OffPath(settings.queue, "clm-shadow")
 
     def offer(self, served: str, live: LoadedHeads | None, decision_id: str, questions: Sequence[Any],
               question_ids: Sequence[str], probs: Sequence[Sequence[float]], state_vectors: np.ndarray | None) -> None:
         """A live answer, maybe shadowed (never blocks, never raises)."""
         candidate = self.candidates.get(served)
-        if (candidate is None or live is None or state_vectors is None or self._queue is None
+        if (candidate is None or live is None or state_vectors is None or not self._work.running
                 or candidate.version_number is None or live.version_number is None
                 or candidate.version_number <= live.version_number
                 or not chosen(decision_id, self.settings.share)):
             return
-        try:
-            self._queue.put_nowait((served, live.version, candidate, tuple(questions), tuple(question_ids),
-                                    [list(p) for p in probs], state_vectors))
-        except asyncio.QueueFull:
+        if not self._work.offer((served, live.version, candidate, tuple(questions), tuple(question_ids),
+                                 [list(p) for p in probs], state_vectors)):
             self.metrics.shadow_dropped.labels(served).inc()
 
     def status(self, served: str) -> dict[str, Any] | None:
@@ -102,31 +149,23 @@ class ShadowScorer:
 
     async def work(self, stop: asyncio.Event, score: Score) -> None:
         """The one consumer: each queued answer scored by its candidate, in the shadow's own thread."""
-        self._queue = asyncio.Queue(maxsize=self.settings.queue)
-        stopped = asyncio.ensure_future(stop.wait())
-        try:
-            while not stop.is_set():
-                getting = asyncio.ensure_future(self._queue.get())
-                await asyncio.wait({getting, stopped}, return_when=asyncio.FIRST_COMPLETED)
-                if not getting.done():
-                    getting.cancel()
-                    break
-                served, live_version, candidate, questions, ids, live_probs, vectors = getting.result()
-                try:
-                    probs = await score(candidate, questions, vectors, ids, self._thread)
-                except Exception:  # noqa: BLE001  (a shadow failure must never reach the live path)
-                    logger.exception("shadow scoring of %s by %s failed", served, candidate.version)
-                    continue
-                self._count(served, live_version, candidate.version, ids, live_probs, probs)
-        finally:
-            stopped.cancel()
-            self._queue = None
+
+        async def handle(item: tuple, executor: Executor) -> None:
+            served, live_version, candidate, questions, ids, live_probs, vectors = item
+            try:
+                probs = await score(candidate, questions, vectors, ids, executor)
+            except Exception:  # noqa: BLE001  (a shadow failure must never reach the live path)
+                logger.exception("shadow scoring of %s by %s failed", served, candidate.version)
+                return
+            self._count(served, live_version, candidate.version, ids, live_probs, probs)
+
+        await self._work.work(stop, handle)
 
     def _count(self, served: str, live_version: str, candidate: str, ids: Sequence[str],
                live_probs: Sequence[Sequence[float]], probs: Sequence[Sequence[float]]) -> None:
         tally = self._tallies.setdefault((served, candidate), _Tally())
         for qid, live_p, shadow_p in zip(ids, live_probs, probs):
-            live_top, shadow_top = int(np.argmax(live_p)), int(np.argmax(shadow_p))
+            live_top, shadow_top = top(live_p), top(shadow_p)
             tally.answers += 1
             self.metrics.shadow_answers.labels(served, candidate).inc()
             if live_top == shadow_top:
@@ -155,7 +194,7 @@ class ShadowScorer:
                 await asyncio.wait_for(stop.wait(), self.settings.interval_s)
 
     def close(self) -> None:
-        self._thread.shutdown(wait=False, cancel_futures=True)
+        self._work.close()
 
 
 def newest_candidate(runtime: Any) -> FindCandidate:

@@ -28,6 +28,7 @@ from clm.serving.calibrated import ALPHA_PARAM, parse_alpha
 from clm.serving.scoring import Scored
 from clm.serving.service import ServeRuntime
 from clm.texts import to_text
+from clm_http.api_key import tenant_of
 from clm_http.errors import MalformedRequest, vllm_validation_message
 
 from clm_serve.http.decisions_protocol import (
@@ -126,7 +127,8 @@ class ServingDecisions:
         # index is no calibrated question id, so its pool's) and its name in the decision log and feedback.
         scored = await self.runtime.score(model, questions, texts, temperature=1.0,
                                           request_id=f"decision-{request_id}", alpha=alpha,
-                                          calibration_ids=[q.name or str(i) for i, q in enumerate(request.questions)])
+                                          calibration_ids=[q.name or str(i) for i, q in enumerate(request.questions)],
+                                          tenant=tenant_of(raw_request))
         answers = [make_answer(q, clm.type.name, probs)
                    for q, clm, probs in zip(request.questions, questions, scored.probs)]
         usage = DecisionUsage(input_tokens=scored.input_tokens, output_tokens=0, total_tokens=scored.input_tokens)

@@ -21,7 +21,7 @@ from clm.serving.service import ServeRuntime
 from clm.decision_log import review
 from clm.decision_log.entries import feedback_id, parse_feedback
 from clm.storage import StorageError
-from clm_http.api_key import KEY_ID_STATE, NO_KEY_ID
+from clm_http.api_key import tenant_of
 from clm_http.auth import require_bearer
 from clm_http.errors import Conflict, InvalidRequest, ResourceNotFound, ServiceUnavailable
 
@@ -125,7 +125,7 @@ async def post_feedback(raw_request: Request) -> JSONResponse:
         raise InvalidRequest(f"the body is not JSON: {error}", param="items") from None
     items = parse_feedback(body, max_items=recorder.config.max_feedback_items)
     try:
-        stored = await recorder.append_feedback(items, _tenant(raw_request))
+        stored = await recorder.append_feedback(items, tenant_of(raw_request))
     except (StorageError, OSError) as error:
         raise ServiceUnavailable(f"feedback not stored, send it again: {error}") from None
     return JSONResponse({"object": "feedback", "accepted": stored,
@@ -145,7 +145,7 @@ async def review_queue(raw_request: Request, model: str | None = None, question:
     if strategy not in review.STRATEGIES:
         raise InvalidRequest(f"strategy must be one of {list(review.STRATEGIES)}", param="strategy")
     pool = await asyncio.to_thread(review.candidates, runtime.recorder.store, model=model, question=question,
-                                   since=since, tenant=_tenant(raw_request))
+                                   since=since, tenant=tenant_of(raw_request))
     vectors = None
     if strategy == "diverse" and pool:
         pool = review.shortlist(pool, budget)  # only these states are embedded (the encoder cache has most)
@@ -163,13 +163,8 @@ async def _state_vectors(runtime: ServeRuntime, candidates: list) -> Any:
     return encoded.vectors
 
 
-def _tenant(raw_request: Request) -> str:
-    """Whose request this is: the API key's id (``clm_http.api_key.key_id``), never the key."""
-    return raw_request.scope.get("state", {}).get(KEY_ID_STATE, NO_KEY_ID)
-
-
 def _record(raw_request: Request, scored: Scored, dialect: str, request: dict, started: float) -> None:
-    _runtime(raw_request).record(scored, tenant=_tenant(raw_request), dialect=dialect, request=request,
+    _runtime(raw_request).record(scored, tenant=tenant_of(raw_request), dialect=dialect, request=request,
                                  latency_ms=(time.perf_counter() - started) * 1000)
 
 
@@ -220,6 +215,9 @@ def _model_status(runtime: ServeRuntime, name: str) -> dict:
         "recent_reloads": [] if manager is None else [event.as_dict() for event in manager.events],
         # a candidate scoring a share of this model's answers off the path (CLM_SERVE_SHADOW_SHARE), if any
         "shadow": None if runtime.shadow is None else runtime.shadow.status(name),
+        # a newly promoted version serving a share beside the previous one (its name's canary.json), or how the
+        # last canary ended
+        "canary": runtime.canary.status(name),
     }
 
 

@@ -22,6 +22,7 @@ from clm.serving.calibrated import ALPHA_PARAM, parse_alpha
 from clm.serving.scoring import Scored
 from clm.serving.service import ServeRuntime
 from clm.texts import join_state, render_state, state_text_tail, to_text
+from clm_http.api_key import tenant_of
 
 from clm_serve.http.protocol import (
     DecisionUsage,
@@ -156,7 +157,7 @@ class ServingStructuredDecisions:
         texts = render_state_texts(request.state, request.instructions, questions, self.settings.max_state_chars)
         check_encodable(request.request_id, questions, texts)
         scored = await self.runtime.score(model, questions, texts, temperature=temperature, request_id=request_id,
-                                          alpha=alpha)
+                                          alpha=alpha, tenant=tenant_of(raw_request))
 
         answers: dict[str, dict[str, Any]] = {}
         diagnostics: dict[str, QuestionDiagnostics] = {}
