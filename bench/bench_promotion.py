@@ -57,7 +57,7 @@ def gate_time(golden: int, dim: int, seed: int) -> dict:
     import torch
 
     from clm.embedding_table import EmbeddingTable
-    from clm.encoded import EncodedSplit
+    from clm.table_records import EncodedSplit
     from clm.evaluation.scoring import score_records
     from clm.heads import CLMHeadPair, HeadConfig
     from clm.promotion.config import GateConfig

@@ -198,7 +198,7 @@ def run_size(data: Path, workdir: Path, dim: int, steps: int, seed: int) -> dict
     import torch
 
     from clm.embedding_table import EmbeddingTable
-    from clm.encoded import EncodedSplit
+    from clm.table_records import EncodedSplit
     from clm.recipes.table_cache import text_set_digest
     from clm.evaluation.scoring import score_records
     from clm.records.compact import TextIds, load_compact
@@ -286,7 +286,7 @@ def run_size(data: Path, workdir: Path, dim: int, steps: int, seed: int) -> dict
 def run_side_by_side(datas: list[Path], workdir: Path, dim: int, block_steps: int, blocks: int, seed: int) -> dict:
     """Training speed of every size, measured in alternating blocks in this one process (see the module doc)."""
     from clm.embedding_table import EmbeddingTable
-    from clm.encoded import EncodedSplit
+    from clm.table_records import EncodedSplit
 
     runs: dict[int, TrainingRun] = {}
     for data in datas:

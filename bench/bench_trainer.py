@@ -67,7 +67,7 @@ import torch
 
 from clm.embedding_table import EmbeddingTable
 from clm.heads import CLMHeadPair, HeadConfig
-from clm.encoded import EncodedRecord, collect_clm_texts, encode_records
+from clm.table_records import EncodedRecord, collect_clm_texts, encode_records
 from clm.recipes.config import RecipeConfig, load_config
 from clm.recipes.objectives import DecisionObjective
 from clm.recipes.train_clm_heads import TrainCLMHeadsRecipe

@@ -30,7 +30,7 @@ import torch
 
 from clm.checkpoint import load_checkpoint
 from clm.embedding_table import EmbeddingTable
-from clm.encoded import collect_clm_texts
+from clm.table_records import collect_clm_texts
 from clm.heads import CLMHeadPair
 from clm.records import load_records
 from clm.recipes import train_clm_heads

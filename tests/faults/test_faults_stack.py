@@ -24,7 +24,7 @@ import torch
 
 from clm.cache.codec import CorruptEntry, cache_key, decode_vector
 from clm.checkpoint import list_versions, load_checkpoint, publish_checkpoint, resolve_latest, save_checkpoint
-from clm.encoded import collect_clm_texts
+from clm.table_records import collect_clm_texts
 from clm.encoders.base import EncoderFingerprint
 from clm.heads import CLMHeadPair, HeadConfig
 from clm.records import load_records

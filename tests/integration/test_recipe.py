@@ -15,7 +15,7 @@ import torch
 
 from clm.checkpoint import load_checkpoint
 from clm.cli import main as clm_main
-from clm.encoded import collect_clm_texts
+from clm.table_records import collect_clm_texts
 from clm.records import load_records
 from clm.recipes.config import build_config
 from clm.recipes.table_cache import EmbeddingCacheError

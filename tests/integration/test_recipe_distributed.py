@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from clm.encoded import collect_clm_texts
+from clm.table_records import collect_clm_texts
 from clm.records import load_records
 from clm.recipes.config import build_config
 from clm.recipes.shards import ShardPlan, shard_path, staging_dir

@@ -23,9 +23,9 @@ from clm.checkpoint import publish_checkpoint
 from clm.embedding_table import EmbeddingTable
 from clm.heads import CLMHeadPair, HeadConfig
 from clm.records import load_records
-from clm.encoded import collect_clm_texts, encode_records
+from clm.table_records import collect_clm_texts, encode_records
 from clm.evaluation.scoring import score_records
-from clm.encoded import record_texts
+from clm.table_records import record_texts
 from clm.serving.reloader import warm_option_texts
 from support.serve import HEADS_NAME, serve_in_process, serve_settings
 

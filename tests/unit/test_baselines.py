@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from clm.embedding_table import EmbeddingTable
-from clm.encoded import collect_clm_texts, encode_records
+from clm.table_records import collect_clm_texts, encode_records
 from clm.encoders.base import EncoderFingerprint
 from clm.evaluation.baselines import MIN_LABELS, RAW_BASELINE, RAW_SCALE, fit_baselines, score_baselines
 from clm.evaluation.comparison import raw_encoder_findings, worth_it_sections

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from test_records import MALFORMED, REFERENCE, record, write_lines
 
 from clm.embedding_table import EmbeddingTable
-from clm.encoded import EncodedSplit, collect_clm_texts, encode_records
+from clm.table_records import EncodedSplit, collect_clm_texts, encode_records
 from clm.records import RecordError, iter_records, load_records
 from clm.records.compact import CompactRecords, TextIds, compact_records, load_compact
 from clm_devtools.synthetic import generate_soc_triage, write_jsonl

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from clm.embedding_table import EmbeddingTable
-from clm.encoded import collect_clm_texts, encode_records
+from clm.table_records import collect_clm_texts, encode_records
 from clm.encoders.base import EncoderFingerprint
 from clm.evaluation.baselines import score_baselines
 from clm.records import parse_record

@@ -44,7 +44,7 @@ import numpy as np
 
 from clm.decision.constants import IGNORE_INDEX
 from clm.embedding_table import EmbeddingTable
-from clm.encoded import EncodedQuestion, EncodedRecord
+from clm.table_records import EncodedQuestion, EncodedRecord
 from clm.evaluation.metrics import COMPARED_METRICS, ScoredQuestion
 from clm.contract.answers import RAW_SCALE  # upstream's clm-raw logit scale
 from clm.contract.names import RAW_MODEL

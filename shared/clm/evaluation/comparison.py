@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from clm.embedding_table import EmbeddingTable
-from clm.encoded import EncodedRecord
+from clm.table_records import EncodedRecord
 from clm.evaluation.baselines import BASELINE_METRICS, RAW_BASELINE, score_baseline, score_baselines
 from clm.evaluation.bootstrap import BootstrapSettings, paired_bootstrap
 from clm.evaluation.generalisation import (

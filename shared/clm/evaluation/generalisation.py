@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from clm.encoded import EncodedRecord
+from clm.table_records import EncodedRecord
 
 SEEN_QUESTION = "question id seen in training"
 UNSEEN_QUESTION = "question id unseen in training"

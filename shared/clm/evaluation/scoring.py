@@ -1,7 +1,7 @@
 """Scoring whole splits without gradients: per-question predictions and reference log-probs.
 
 Every question's probabilities come from the same identified, validated
-batch the training step uses (``clm.encoded.score_batch``), so evaluation can
+batch the training step uses (``clm.heads_batch.score_batch``), so evaluation can
 never disagree with training about which option a column is. The metrics of
 what this returns are ``clm.evaluation.metrics.decision_metrics``.
 """
@@ -15,7 +15,8 @@ import torch
 
 from clm.decision.masking import masked_log_softmax
 from clm.embedding_table import EmbeddingTable
-from clm.encoded import EncodedRecord, EncodedSplit, build_targets, encode_records, score_batch
+from clm.table_records import EncodedRecord, EncodedSplit, encode_records
+from clm.heads_batch import build_targets, score_batch
 from clm.evaluation.metrics import ScoredQuestion
 from clm.heads import CLMHeadPair
 from clm.records import Record

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from clm.calibration import CalibrationFile
-from clm.encoded import EncodedSplit
+from clm.table_records import EncodedSplit
 from clm.evaluation.metrics import ScoredQuestion
 from clm.promotion.config import DriftConfig
 from clm.promotion.drift_reference import DriftReference, build_drift_reference

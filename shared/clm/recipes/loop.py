@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from clm.durable import atomic_write_bytes
-from clm.encoded import EncodedRecord
+from clm.table_records import EncodedRecord
 from clm.errors import UNAVAILABLE, KindedError
 from clm.heads import CLMHeadPair
 from clm.recipes.config import TrainConfig

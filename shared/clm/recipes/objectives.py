@@ -18,7 +18,8 @@ from clm.decision.config import DecisionLossConfig
 from clm.decision.constants import IGNORE_INDEX
 from clm.decision.loss import group_masked_bidirectional_infonce
 from clm.embedding_table import EmbeddingTable
-from clm.encoded import EncodedRecord, build_targets, score_batch
+from clm.table_records import EncodedRecord
+from clm.heads_batch import build_targets, score_batch
 from clm.heads import CLMHeadPair
 
 ReferenceLogprobs = Mapping[tuple[str, str], Sequence[float]]

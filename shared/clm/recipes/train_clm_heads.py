@@ -52,7 +52,8 @@ from clm.checkpoint import (
 )
 from clm.decision.batch import QuestionLogits
 from clm.embedding_table import EmbeddingTable
-from clm.encoded import EncodedRecord, EncodedSplit, forward_identified
+from clm.table_records import EncodedRecord, EncodedSplit
+from clm.heads_batch import forward_identified
 from clm.encoders.base import EncoderError
 from clm.encoders.local import resolve_device
 from clm.errors import KindedError, exit_code
@@ -116,7 +117,7 @@ class TrainCLMHeadsRecipe:
         self.publisher = publisher or HeadsPublisher(cfg.output.publish_retry_s)
         self.device = resolve_device(cfg.device)
         self.rank = RankInfo()
-        # Per split, the records as compact arrays viewed as EncodedRecords (clm.encoded.EncodedSplit):
+        # Per split, the records as compact arrays viewed as EncodedRecords (clm.table_records.EncodedSplit):
         # ``records`` and ``encoded`` are the same objects once setup() has run.
         self.records: dict[str, EncodedSplit] = {}
         self.encoded: dict[str, EncodedSplit] = {}

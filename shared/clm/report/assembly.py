@@ -24,7 +24,7 @@ from clm.calibration.report import calibration_section
 from clm.checkpoint import LoadedCheckpoint, PublishedVersion
 from clm.durable import atomic_write_bytes
 from clm.embedding_table import EmbeddingTable
-from clm.encoded import EncodedRecord
+from clm.table_records import EncodedRecord
 from clm.encoders.base import EncoderFingerprint
 from clm.evaluation.comparison import worth_it_sections
 from clm.evaluation.metrics import ScoredQuestion, metrics_by_split, reliability_diagram

@@ -1,27 +1,22 @@
-"""Records encoded against the ``EmbeddingTable``: the texts to embed, table rows, and identified scores.
+"""Records as rows of the ``EmbeddingTable``: the texts to embed, and each question's state and option rows.
 
 Beside the table because these are its rows' meaning: training, evaluation
 and the baselines all read records in this form. The recipe embeds every
 text once (``collect_clm_texts``), then refers to texts only by their row in
-the ``EmbeddingTable``. ``EncodedRecord`` keeps
-each record's questions in model-output order with their state row, option
-rows and supervision, so every batch can be scored and then checked by
-``assemble_decision_batch`` against identities that came from the record
-itself, never from tensor positions.
+the ``EmbeddingTable``. ``EncodedRecord`` keeps each record's questions in
+model-output order with their state row, option rows and supervision, so every
+batch can be scored (``clm.heads_batch``) and then checked against identities
+that came from the record itself, never from tensor positions.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
-from clm.decision.batch import DecisionBatch, QuestionLogits, assemble_decision_batch
-from clm.decision.targets import DecisionTargets
 from clm.embedding_table import EmbeddingTable
-from clm.heads import CLMHeadPair
 from clm.records import QuestionTarget, Record
 from clm.records.compact import CompactRecords
 from clm.texts import option_texts, state_texts
@@ -43,19 +38,6 @@ class EncodedRecord:
     record_id: str
     weight: float
     questions: tuple[EncodedQuestion, ...]
-
-
-@dataclass(frozen=True)
-class HeadInputs:
-    """Encoder embeddings of a batch, laid out for ``CLMHeadPair.forward``.
-
-    ``action_embeddings`` holds each distinct option text of the batch once;
-    ``option_index`` ``[Q, O]`` points into it (-1 = padding).
-    """
-
-    state_embeddings: torch.Tensor  # [Q, D]
-    action_embeddings: torch.Tensor  # [A, D]
-    option_index: torch.Tensor  # [Q, O] int64
 
 
 def record_texts(record: Record) -> tuple[dict[str, str], dict[str, tuple[str, ...]]]:
@@ -170,84 +152,3 @@ class _RecordStateTexts(Sequence[Sequence[str]]):
             return [self[i] for i in range(*index.indices(len(self)))]
         split = self._split
         return [split._texts[int(split.state_rows[position])] for position in split.compact.questions_of(index)]
-
-
-def clm_batch(table: EmbeddingTable, records: Sequence[EncodedRecord], device: torch.device) -> HeadInputs:
-    """Gather encoder embeddings for a batch of records (each distinct option text once)."""
-    questions = [question for record in records for question in record.questions]
-    width = max(len(question.option_rows) for question in questions)
-    distinct_rows: dict[int, int] = {}
-    option_index = [
-        [distinct_rows.setdefault(row, len(distinct_rows)) for row in question.option_rows]
-        + [-1] * (width - len(question.option_rows))
-        for question in questions
-    ]
-    state_rows = [question.state_row for question in questions]
-    return HeadInputs(
-        state_embeddings=table.vectors(state_rows).to(device),
-        action_embeddings=table.vectors(list(distinct_rows)).to(device),
-        option_index=torch.tensor(option_index, dtype=torch.long, device=device),
-    )
-
-
-def build_targets(
-    records: Sequence[EncodedRecord],
-    question_weights: Mapping[str, float] | None,
-    device: torch.device,
-    reference_logprobs: Mapping[tuple[str, str], Sequence[float]] | None = None,
-) -> DecisionTargets:
-    """Supervision of a batch, in record order (``reference_logprobs`` keyed by (record, question))."""
-    reference = None
-    if reference_logprobs is not None:
-        reference = [
-            [
-                QuestionLogits(record.record_id, q.target.question_id, q.target.option_ids,
-                               torch.tensor(reference_logprobs[(record.record_id, q.target.question_id)]))
-                for q in record.questions
-            ]
-            for record in records
-        ]
-    return DecisionTargets.from_questions(
-        [record.record_id for record in records],
-        [[question.target for question in record.questions] for record in records],
-        question_weights=question_weights,
-        reference_logprobs=reference,
-        device=device,
-        record_weights=[record.weight for record in records],
-    )
-
-
-def identified_logits(records: Sequence[EncodedRecord], logits: torch.Tensor) -> list[list[QuestionLogits]]:
-    """Cut padded ``[Q, O]`` head scores back into per-question scores carrying their identities."""
-    identified: list[list[QuestionLogits]] = []
-    row = 0
-    for record in records:
-        per_question = []
-        for question in record.questions:
-            count = len(question.option_rows)
-            per_question.append(
-                QuestionLogits(record.record_id, question.target.question_id, question.target.option_ids,
-                               logits[row, :count])
-            )
-            row += 1
-        identified.append(per_question)
-    return identified
-
-
-def forward_identified(
-    heads: CLMHeadPair, table: EmbeddingTable, records: Sequence[EncodedRecord], device: torch.device
-) -> list[list[QuestionLogits]]:
-    """Head scores of ``records``, per record and question in model-output order, with identities."""
-    inputs = clm_batch(table, records, device)
-    logits = heads(inputs.state_embeddings, inputs.action_embeddings, option_index=inputs.option_index)
-    return identified_logits(records, logits)
-
-
-def score_batch(
-    heads: CLMHeadPair,
-    table: EmbeddingTable,
-    records: Sequence[EncodedRecord],
-    targets: DecisionTargets,
-) -> DecisionBatch:
-    """Head scores of ``records``, validated against ``targets`` and padded once."""
-    return assemble_decision_batch(forward_identified(heads, table, records, targets.device), targets)
