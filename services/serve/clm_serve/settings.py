@@ -202,7 +202,11 @@ class ServeSettings(ServiceSettings):
         "the live answers (`clm_serve_shadow_*`, `shadow` in `/v1/heads`). 0: off.")
     shadow_queue: int = Field(256, ge=1, description="Shadowed answers waiting at most; past it they are dropped and "
                               "counted (`clm_serve_shadow_dropped_total`): a live request never waits for the shadow.")
-    shadow_interval_s: float = Field(30.0, gt=0.0, description="How often a newer candidate is looked for.")
+    shadow_interval_s: float = Field(30.0, gt=0.0, description="How often a newer candidate is looked for, and the "
+                                     "decision log's feedback on shadowed decisions read.")
+    shadow_keep: int = Field(10_000, ge=1, description="Shadowed decisions whose two answers are kept for the "
+                             "feedback that may come back (the latest; with the decision log on): the accuracy of "
+                             "both in `shadow` of `/v1/heads`.")
 
     @model_validator(mode="after")
     def _drift_thresholds(self) -> "ServeSettings":
@@ -255,7 +259,7 @@ class ServeSettings(ServiceSettings):
             action_cache_max_entries=self.action_cache_max_entries, warm_options_file=self.warm_options_file,
             decision_log=self.decision_log_config(), drift=self.drift_monitoring(),
             shadow=None if self.shadow_share == 0 else ShadowScoring(self.shadow_share, self.shadow_queue,
-                                                                   self.shadow_interval_s),
+                                                                   self.shadow_interval_s, self.shadow_keep),
         )
 
     def drift_monitoring(self) -> DriftMonitoring | None:

@@ -6,7 +6,7 @@ the request (``Redactor``) and hands a ``DecisionEntry`` to a
 ``ObjectStore`` from a thread (sampled, bounded, at-most-once). Clients later
 post outcomes by decision id (``parse_feedback`` -> ``FeedbackStore.append``:
 synchronous and durable). ``clm.decision_log.reader`` (``decisions``,
-``feedback``, ``joined``, ``conflicts``, ``unmatched_feedback``; not re-exported
+``feedback``, ``feedback_about``, ``joined``, ``conflicts``, ``unmatched_feedback``; not re-exported
 here, where ``feedback`` is the submodule) joins the two with DuckDB; ``forget`` and ``expire`` keep the log within its privacy rules. The
 tables and their layout are a versioned public contract:
 ``clm.decision_log.schema`` and docs/decision-log.md.

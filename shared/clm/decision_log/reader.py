@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import date, datetime, timedelta
@@ -33,6 +33,7 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
+from clm.decision_log.ids import decision_time_ms, is_decision_id
 from clm.decision_log.schema import (DECISION_COLUMNS, DECISIONS, FEEDBACK, FEEDBACK_COLUMNS, Moment, as_utc,
                                      decisions_schema, feedback_schema, segment_keys)
 from clm.storage.base import ObjectStore
@@ -40,6 +41,7 @@ from clm.storage.local import LocalStore
 from clm.storage.open import open_store
 
 _FEEDBACK_SKEW = timedelta(days=1)  # feedback received before its decision's day: clocks of two machines
+_SEGMENT_NAME_SKEW = timedelta(seconds=1)  # a segment's name (milliseconds) against its items' received_at (µs)
 
 _FEEDBACK_VALUE = ("coalesce(label, CAST(correct AS VARCHAR), CAST(reward AS VARCHAR), "
                    "CAST(rewards AS VARCHAR))")
@@ -153,6 +155,39 @@ def feedback(store: ObjectStore | str | os.PathLike, since: Moment = None, until
     """The feedback received in ``[since, until)`` (of ``tenant``), one row per distinct item."""
     with _session(store, since, until, tenant, feedback_window=(since, until)) as con:
         return _as(_arrow(con.sql("SELECT * FROM feedback ORDER BY received_at, feedback_id")), feedback_schema())
+
+
+def feedback_about(store: ObjectStore | str | os.PathLike, decision_ids: Collection[str],
+                   since: Moment = None) -> pa.Table:
+    """The feedback received since ``since`` about the decisions ``decision_ids``, one row per distinct item, of
+    any tenant (the decision's tenant is not read here: join with ``joined`` to apply that rule). Cheap to ask
+    often: no decision segment is read, nor a feedback segment written before ``since`` (a segment's name starts
+    with the UUIDv7 of when it was written, after its items were received)."""
+    store = store if not isinstance(store, (str, os.PathLike)) else open_store(store)
+    low = as_utc(since)
+    keys = segment_keys(store, FEEDBACK, None if low is None else low.date())
+    if low is not None:
+        oldest_ms = (low - _SEGMENT_NAME_SKEW).timestamp() * 1000
+        keys = [key for key in keys if not is_decision_id(name := key.rsplit("/", 1)[-1][:36])
+                or decision_time_ms(name) >= oldest_ms]
+    con = duckdb.connect()
+    con.execute("SET TimeZone = 'UTC'")
+    try:
+        with tempfile.TemporaryDirectory(prefix="clm-decision-log-") as folder:
+            files = fetch_segments(store, keys, Path(folder))
+            if files:
+                con.read_parquet(files, hive_partitioning=True, union_by_name=True).create_view("feedback_files")
+            else:
+                con.register("feedback_files", feedback_schema().empty_table())
+            con.register("wanted", pa.table({"decision_id": pa.array(list(decision_ids), pa.string())}))
+            return _as(_arrow(con.sql(f"""
+                SELECT {', '.join(FEEDBACK_COLUMNS)} FROM feedback_files
+                WHERE {where_sql("received_at", low, None, None)}
+                    AND decision_id IN (SELECT decision_id FROM wanted)
+                QUALIFY row_number() OVER (PARTITION BY feedback_id ORDER BY received_at) = 1
+                ORDER BY received_at, feedback_id""")), feedback_schema())
+    finally:
+        con.close()
 
 
 def joined(store: ObjectStore | str | os.PathLike, since: Moment = None, until: Moment = None,

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from clm.checkpoint.promotion import AUDIT_FOLDER
 from clm.checkpoint.versions import version_label
+from clm.decision_log.outcomes import answer_right
 from clm.errors import BAD_INPUT, KindedError, format_validation_error
 from clm.promotion.sequential import (CANARY, DEFAULT_ALPHA, DEFAULT_MIN_LABELS, DEFAULT_MIXING_VARIANCE, PREVIOUS,
                                       AgreementMonitor, CanaryMonitor, Decision)
@@ -247,8 +248,9 @@ def is_rollback_copy(store: ObjectStore, name: str, version: int) -> bool:
 
 def labelled_outcomes(rows: Iterable[Mapping[str, Any]], state: CanaryState) -> list[tuple[str, bool]]:
     """(arm, right) per labelled answer of either version, in decision time order, from rows of
-    ``clm.decision_log.reader.joined``: an arm is the heads' sha256 and version label; ``label`` feedback is right
-    when it names the answer, ``correct`` feedback is its value; other kinds (rewards) are not accuracy."""
+    ``clm.decision_log.reader.joined``: an arm is the heads' sha256 and version label; right or wrong by
+    ``clm.decision_log.outcomes.answer_right`` (``label`` feedback: it names the answer; ``correct``: its value);
+    other kinds (rewards) are not accuracy."""
     arms = {(state.sha256, version_label(state.version)): CANARY,
             (state.previous_sha256, version_label(state.previous)): PREVIOUS}
     outcomes = []
@@ -256,10 +258,9 @@ def labelled_outcomes(rows: Iterable[Mapping[str, Any]], state: CanaryState) -> 
         arm = arms.get((row.get("heads_sha256"), row.get("heads_version")))
         if arm is None:
             continue
-        if row.get("kind") == "label" and row.get("label") is not None:
-            outcomes.append((arm, row["label"] == row.get("answer")))
-        elif row.get("kind") == "correct" and row.get("correct") is not None:
-            outcomes.append((arm, bool(row["correct"])))
+        right = answer_right(row, row.get("answer"))
+        if right is not None:
+            outcomes.append((arm, right))
     return outcomes
 
 

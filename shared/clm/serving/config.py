@@ -35,17 +35,21 @@ class DriftMonitoring:
 @dataclass(frozen=True)
 class ShadowScoring:
     """Shadow scoring (``clm.serving.shadow``): ``share`` of decisions (0 < share <= 1) a candidate version also
-    scores off the response path, at most ``queue`` waiting, a newer candidate looked for every ``interval_s``."""
+    scores off the response path, at most ``queue`` waiting, a newer candidate looked for (and the decision log's
+    feedback read) every ``interval_s``, the answers of the ``keep`` latest shadowed decisions kept for their
+    feedback (``clm.serving.shadow_accuracy``)."""
 
     share: float
     queue: int = 256
     interval_s: float = 30.0
+    keep: int = 10_000
 
     def __post_init__(self) -> None:
         if not 0.0 < self.share <= 1.0:
             raise ValueError(f"shadow share must be in (0, 1], got {self.share}")
-        if self.queue < 1 or self.interval_s <= 0:
-            raise ValueError(f"shadow queue must be >= 1 and interval_s > 0, got {self.queue}, {self.interval_s}")
+        if self.queue < 1 or self.interval_s <= 0 or self.keep < 1:
+            raise ValueError(f"shadow queue and keep must be >= 1 and interval_s > 0, got {self.queue}, "
+                             f"{self.keep}, {self.interval_s}")
 
 
 @dataclass(frozen=True)

@@ -113,6 +113,16 @@ class ServeMetrics:
             "clm_serve_shadow_agreements", "Of those, answers whose top option the candidate chose too.",
             ["model", "candidate"], registry=r,
         )
+        self.shadow_labelled = Counter(
+            "clm_serve_shadow_labelled", "Shadowed answers whose feedback (a label, or correct for the live answer) "
+            "came back, read from the decision log, by served model and candidate version.", ["model", "candidate"],
+            registry=r,
+        )
+        self.shadow_right = Counter(
+            "clm_serve_shadow_right", "Of those, answers right, by arm: `live` (the answer served) or `candidate` "
+            "(the shadow's; a `correct: false` about another answer of a question of more than two options is "
+            "unknown, counted in neither).", ["model", "candidate", "arm"], registry=r,
+        )
         self.shadow_dropped = Counter(
             "clm_serve_shadow_dropped", "Shadowed answers dropped because the shadow queue was full "
             "(CLM_SERVE_SHADOW_QUEUE): shadow scoring never makes a live request wait.", ["model"], registry=r,

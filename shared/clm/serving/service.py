@@ -71,7 +71,8 @@ class ServeRuntime:
         # drift against each version's reference (clm.serving.drift), unless CLM_SERVE_DRIFT is off
         self.drift = DriftMonitor(config.drift, self.metrics) if config.drift is not None else None
         # a candidate version scoring a share of live answers off the response path (clm.serving.shadow)
-        self.shadow = ShadowScorer(config.shadow, self.metrics) if config.shadow is not None else None
+        self.shadow = (ShadowScorer(config.shadow, self.metrics, self._log_store) if config.shadow is not None
+                       else None)
         # a newly promoted version serving a share beside the one it replaced, under its name's canary policy
         self.canary = CanaryRouter(self.metrics)
         self.registry.before_swap = self.canary.before_swap
@@ -160,6 +161,10 @@ class ServeRuntime:
         return Scored(model=model, heads=heads, probs=decision.probs, input_tokens=decision.input_tokens,
                       decisions=decisions, decision_id=decision_id, questions=tuple(questions),
                       question_ids=tuple(ids))
+
+    def _log_store(self):  # type: ignore[no-untyped-def]
+        """The decision log's store, None while the log is off: where shadow scoring and the canary read feedback."""
+        return None if self.recorder is None else self.recorder.store
 
     async def _shadow_score(self, candidate, questions, state_vectors, ids, executor) -> list[list[float]]:
         """Other heads' answers to a live answer's questions, as they would serve them (their own calibration): a
@@ -289,8 +294,7 @@ class ServeRuntime:
             watchers = [self._watch_identity(run_stop)] if config.embedder_url else []
             if self.drift is not None:  # PSI and the state test every interval_s (gauges, alerts)
                 watchers.append(self.drift.watch(run_stop, self._served_heads, self._state_encoder))
-            watchers += [self.canary.watch(run_stop, lambda: self.registry.managers,
-                                           lambda: None if self.recorder is None else self.recorder.store),
+            watchers += [self.canary.watch(run_stop, lambda: self.registry.managers, self._log_store),
                          self.canary.work(run_stop, self._shadow_score)]
             if self.shadow is not None:  # the newest candidate of each served name, and its one consumer
                 watchers += [self.shadow.watch(run_stop, lambda: list(self.registry.managers), newest_candidate(self)),

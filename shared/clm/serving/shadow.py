@@ -14,9 +14,10 @@ with the live answers is counted, so a promotion can be judged on production tra
 * **What is counted**: per served model and candidate version, answers compared, answers where the top option
   is the same, and the latest flips (question id, both answers): ``clm_serve_shadow_*`` metrics and the
   ``shadow`` entry of ``/v1/heads``.
-
-Not done here: the candidate's accuracy against labelled feedback (the decision log records the live answer
-only); the promotion gate's ``recent`` decisions measure a candidate on labelled traffic instead.
+* **Accuracy, once feedback arrives** (``clm.serving.shadow_accuracy``; only with the decision log on, which
+  records the live answer only): both answers of each shadowed decision are kept (``keep`` decisions at most), and
+  each look of the watch loop reads the feedback that came back since the last one, from every replica: labelled
+  answers, each arm's right answers, the discordant pairs and the exact McNemar test's p-value.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from clm.checkpoint.versions import list_store_versions
 from clm.serving.config import ShadowScoring
 from clm.serving.loaded_heads import LoadedHeads, load_heads
 from clm.serving.metrics import ServeMetrics
+from clm.serving.shadow_accuracy import ShadowAccuracy
+from clm.storage.base import ObjectStore
 
 logger = logging.getLogger(__name__)
 
@@ -119,12 +122,15 @@ class OffPath:
 
 
 class ShadowScorer:
-    def __init__(self, settings: ShadowScoring, metrics: ServeMetrics) -> None:
+    def __init__(self, settings: ShadowScoring, metrics: ServeMetrics,
+                 log: Callable[[], ObjectStore | None] = lambda: None) -> None:
         self.settings = settings
         self.metrics = metrics
         self.candidates: dict[str, LoadedHeads] = {}  # served name -> the candidate scoring its share
         self._tallies: dict[tuple[str, str], _Tally] = {}
         self._work = OffPath(settings.queue, "clm-shadow")
+        self.accuracy = ShadowAccuracy(settings.keep, metrics)
+        self.log = log  # the decision log's store, None while it is off: where feedback is read
 
     def offer(self, served: str, live: LoadedHeads | None, decision_id: str, questions: Sequence[Any],
               question_ids: Sequence[str], probs: Sequence[Sequence[float]], state_vectors: np.ndarray | None) -> None:
@@ -135,7 +141,7 @@ class ShadowScorer:
                 or candidate.version_number <= live.version_number
                 or not chosen(decision_id, self.settings.share)):
             return
-        if not self._work.offer((served, live.version, candidate, tuple(questions), tuple(question_ids),
+        if not self._work.offer((served, live.version, decision_id, candidate, tuple(questions), tuple(question_ids),
                                  [list(p) for p in probs], state_vectors)):
             self.metrics.shadow_dropped.labels(served).inc()
 
@@ -145,19 +151,23 @@ class ShadowScorer:
         if candidate is None:
             return None
         tally = self._tallies.get((served, candidate.version), _Tally())
-        return {"candidate": candidate.version, "share": self.settings.share, **tally.as_dict()}
+        return {"candidate": candidate.version, "share": self.settings.share, **tally.as_dict(),
+                **self.accuracy.status(served, candidate.version)}
 
     async def work(self, stop: asyncio.Event, score: Score) -> None:
         """The one consumer: each queued answer scored by its candidate, in the shadow's own thread."""
 
         async def handle(item: tuple, executor: Executor) -> None:
-            served, live_version, candidate, questions, ids, live_probs, vectors = item
+            served, live_version, decision_id, candidate, questions, ids, live_probs, vectors = item
             try:
                 probs = await score(candidate, questions, vectors, ids, executor)
             except Exception:  # noqa: BLE001  (a shadow failure must never reach the live path)
                 logger.exception("shadow scoring of %s by %s failed", served, candidate.version)
                 return
             self._count(served, live_version, candidate.version, ids, live_probs, probs)
+            if self.log() is not None:  # kept for the feedback that may come back (the log is where it is read)
+                self.accuracy.add(decision_id, served, candidate.version, questions, [top(p) for p in live_probs],
+                                  [top(p) for p in probs])
 
         await self._work.work(stop, handle)
 
@@ -176,8 +186,15 @@ class ShadowScorer:
                                     "candidate_option": shadow_top})
 
     async def watch(self, stop: asyncio.Event, names: Callable[[], Sequence[str]], newest: FindCandidate) -> None:
-        """Every ``interval_s``: each served model's newest candidate (``newest``), loaded when it changed."""
+        """Every ``interval_s``: each served model's newest candidate (``newest``), loaded when it changed, and the
+        feedback on the shadowed decisions read from the decision log (when it is on)."""
         while not stop.is_set():
+            log = self.log()
+            if log is not None:
+                try:
+                    await self.accuracy.look(log)
+                except Exception:  # noqa: BLE001  (the next look reads again)
+                    logger.exception("shadow accuracy: reading the decision log failed")
             for served in names():
                 try:
                     candidate = await newest(served, self.candidates.get(served))
