@@ -68,10 +68,10 @@ def test_every_flag_maps_onto_its_setting(tmp_path, settings):
     assert got.embedder_url == "http://emb:8090" and got.embedder_model == "qwen3-8b"
     assert got.encoder_max_tokens == 1024 and got.encoder_device == "cuda:1"
     assert got.ckpt == tmp_path / "CLM_v0.1-8B.pt" and got.ckpt_dir == tmp_path / "heads"
-    assert got.models == f"a={tmp_path}/a.pt,b={tmp_path}/b"
+    assert got.models == [f"a={tmp_path}/a.pt", f"b={tmp_path}/b"]
     assert got.extra_models() == {"a": tmp_path / "a.pt", "b": tmp_path / "b"}
     assert got.action_cache_max_entries == 512 * 2**20 // 2048 == 262_144
-    assert got.playground is False and got.cors_origins == "*"
+    assert got.playground is False and got.cors_origins == ["*"]
     # the flags left every other setting alone
     untouched = {"log_level", "heads_name", "checkpoint_root", "encoder_model", "served_model_name", "max_body_bytes"}
     defaults = ServeSettings()
@@ -141,12 +141,12 @@ def test_flags_override_our_variables_too(clean_environment, tmp_path, settings)
         clean_environment.setenv(variable, value)
     before = ServeSettings()
     assert (before.host, before.ckpt, before.models, before.action_cache_max_entries) == (
-        "10.0.0.1", tmp_path / "env.pt", f"env={tmp_path}/e.pt", 7)
+        "10.0.0.1", tmp_path / "env.pt", [f"env={tmp_path}/e.pt"], 7)
     got = settings(["--host", "127.0.0.2", "--ckpt", str(tmp_path / "flag.pt"), "--ckpt-dir", str(tmp_path / "flag"),
                     "--model", f"flag={tmp_path}/f.pt", "--no-ui", "--cors", "--action-cache", "4KiB"])
     assert (got.host, got.ckpt, got.ckpt_dir) == ("127.0.0.2", tmp_path / "flag.pt", tmp_path / "flag")
-    assert got.models == f"flag={tmp_path}/f.pt"  # the flags replace the variable's list, they do not add to it
-    assert (got.playground, got.cors_origins, got.action_cache_max_entries) == (False, "*", 2)
+    assert got.models == [f"flag={tmp_path}/f.pt"]  # the flags replace the variable's list, they do not add to it
+    assert (got.playground, got.cors_origins, got.action_cache_max_entries) == (False, ["*"], 2)
     # without the flags, the environment configures it exactly as before
     assert settings([]) == before
 
@@ -164,9 +164,9 @@ def test_a_model_without_name_or_path_exits_with_upstreams_message(spec):
     assert str(caught.value) == f"--model expects NAME=PATH, got {spec!r}"
 
 
-def test_a_model_with_a_comma_is_refused_and_a_repeated_name_keeps_the_last(tmp_path, settings):
-    with pytest.raises(CommandLineError, match="comma"):
-        parse_command_line(["--model", "a=/x,y.pt"], {})
+def test_a_model_path_with_a_comma_is_served_and_a_repeated_name_keeps_the_last(tmp_path, settings):
+    # the flags give the models setting a list: a comma in a path is the path's (the variable's comma form is not)
+    assert settings(["--model", f"a={tmp_path}/x,y.pt"]).extra_models() == {"a": tmp_path / "x,y.pt"}
     got = settings(["--model", f"a={tmp_path}/1.pt", "--model", f"b={tmp_path}/2.pt", "--model", f"a={tmp_path}/3.pt"])
     assert got.extra_models() == {"a": tmp_path / "3.pt", "b": tmp_path / "2.pt"}  # upstream's dict: the last wins
 

@@ -132,20 +132,18 @@ def command_line_from(args: argparse.Namespace, environ: Mapping[str, str]) -> C
     if args.no_ui:
         values["playground"] = False
     if args.cors:
-        values["cors_origins"] = "*"
+        values["cors_origins"] = ["*"]
     return result
 
 
-def models_value(specs: Sequence[str]) -> str:
-    """Repeated ``--model NAME=PATH`` as the ``models`` setting (comma-separated; a later NAME wins, as upstream)."""
+def models_value(specs: Sequence[str]) -> list[str]:
+    """Repeated ``--model NAME=PATH`` as the ``models`` setting (a list: a comma in a path is kept; a later NAME
+    wins, as upstream)."""
     for spec in specs:
         name, _, path = spec.partition("=")
         if not name.strip() or not path.strip():
             raise CommandLineError(f"--model expects NAME=PATH, got {spec!r}")  # upstream's words
-        if "," in spec:
-            raise CommandLineError(f"--model {spec!r}: a comma in NAME or PATH cannot be served (the models "
-                                   "setting is a comma-separated list); rename or link the file")
-    return ",".join(spec.strip() for spec in specs)
+    return [spec.strip() for spec in specs]
 
 
 def action_cache_entries(budget: str | float | int) -> int:

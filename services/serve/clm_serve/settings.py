@@ -16,7 +16,7 @@ from clm.decision_log.config import DecisionLogConfig
 from clm.promotion.config import DriftConfig
 from clm.serving.config import DriftMonitoring, ServingConfig, ShadowScoring
 from clm.storage import Location
-from clm_http.settings import ServiceSettings, body_limit_field, port_field
+from clm_http.settings import ServiceSettings, StrList, body_limit_field, port_field
 
 
 # EncoderSpec field -> the setting holding it (clm.encoders.spec.spec_from_settings).
@@ -37,8 +37,8 @@ class ServeSettings(ServiceSettings):
         "request without `model` (or null/\"\") is answered by them and the response names the model asked for. "
         "`clm-raw` (no heads: 100 x cosine of the raw encoder vectors) is always served too; any other name gets 404 "
         "listing the names.")
-    served_model_aliases: str = Field(
-        ",".join(DEFAULT_ALIASES), description="Comma-separated other names of the served heads (`clm`: this "
+    served_model_aliases: StrList = Field(
+        list(DEFAULT_ALIASES), description="Other names of the served heads (a JSON list or comma-separated) (`clm`: this "
         "service's name before `clm-latest`; `jev-latest`: the TypeSafe/Jev SDKs' default model); listed in "
         "/v1/models' OpenAI cards, echoed when asked for.")
     api_key: SecretStr = Field(
@@ -60,15 +60,15 @@ class ServeSettings(ServiceSettings):
         "serves). Unused with a folder root.")
     heads_name: str = Field("soc-triage", description="Watch <checkpoint_root>/<heads_name>/latest: served as "
                             "`served_model_name` (and under its own name too) unless `CLM_CKPT` is set.")
-    published_models: str = Field(
-        "", description="Other published names under `checkpoint_root` served under their own names, each "
-        "following its own `latest`: comma-separated names, or `*` for every name the trainer publishes (a new "
+    published_models: StrList = Field(
+        default_factory=list, description="Other published names under `checkpoint_root` served under their own "
+        "names, each following its own `latest`: names (a JSON list or comma-separated), or `*` for every name the trainer publishes (a new "
         "name is served within `poll_interval_s`, no restart). Empty: only `heads_name`.")
     ckpt_dir: Path | None = Field(
         None, description="Also serve every `*.pt` file of this folder under its file stem (upstream's "
         "`--ckpt-dir`); each file is reloaded when it changes, a file added later is served too.")
-    models: str = Field(
-        "", description="More heads as `NAME=PATH`, comma-separated (upstream's `--model NAME=PATH`): a .pt file "
+    models: StrList = Field(
+        default_factory=list, description="More heads as `NAME=PATH` entries, a JSON list or comma-separated (upstream's `--model NAME=PATH`): a .pt file "
         "or a version folder served as NAME, reloaded when it changes; overrides a same-named head, "
         "`clm-latest` included.")
     max_models: int = Field(
@@ -151,7 +151,7 @@ class ServeSettings(ServiceSettings):
     max_state_chars: int = Field(100_000, ge=1, description="A longer rendered state gets 400.")
     playground: bool = Field(True, description="Serve the playground (a web page that asks typed questions) at `/`; "
                              "off: `/` is 404.")
-    cors_origins: str = Field("", description="Comma-separated origins allowed to call this service from a browser "
+    cors_origins: StrList = Field(default_factory=list, description="Origins (a JSON list or comma-separated) allowed to call this service from a browser "
                               "(CORS), e.g. a playground served elsewhere; `*`: any; empty: no CORS headers.")
     response_mode: Literal["vllm", "typesafe"] = Field(
         "vllm", description="Shapes of `/v1/systemone` and `/v1/models`: `vllm` (vLLM's, with upstream "
@@ -171,8 +171,9 @@ class ServeSettings(ServiceSettings):
                                                  "(what a SIGKILL may lose while the store is up).")
     decision_log_buffer_entries: int = Field(100_000, ge=1, description="Decisions held while the store is slow or "
                                              "down; beyond, new ones are dropped and counted, never waited for.")
-    decision_log_redact_paths: str = Field("", description="Comma-separated JSON paths dropped from logged requests "
-                                           "(`state.user.email`, `state.*.ssn`).")
+    decision_log_redact_paths: StrList = Field(
+        default_factory=list, description="JSON paths dropped from logged requests, a JSON list or comma-separated "
+        "(`state.user.email`, `state.*.ssn`).")
     decision_log_redact_defaults: bool = Field(True, description="Replace e-mail addresses and phone numbers in "
                                                "logged strings.")
 
@@ -222,7 +223,7 @@ class ServeSettings(ServiceSettings):
 
     @field_validator("models")
     @classmethod
-    def _named_paths(cls, value: str) -> str:
+    def _named_paths(cls, value: list[str]) -> list[str]:
         parse_named_paths(value)
         return value
 
@@ -232,9 +233,9 @@ class ServeSettings(ServiceSettings):
 
     def published_names(self) -> tuple[str, ...] | None:
         """``published_models`` as names; None for ``*`` (every published name)."""
-        if self.published_models.strip() == "*":
+        if self.published_models == ["*"]:
             return None
-        return tuple(name for name in dict.fromkeys(n.strip() for n in self.published_models.split(",")) if name)
+        return tuple(dict.fromkeys(self.published_models))
 
     def assumed_encoder(self) -> AssumedEncoder:
         """What heads without an encoder fingerprint (upstream-format files) are checked against."""
@@ -246,7 +247,7 @@ class ServeSettings(ServiceSettings):
         return ServingConfig(
             encoder_spec=self.encoder_spec(),
             served_model_name=self.served_model_name,
-            served_model_aliases=tuple(name.strip() for name in self.served_model_aliases.split(",")),
+            served_model_aliases=tuple(self.served_model_aliases),
             ckpt=self.ckpt, checkpoint_root=self.checkpoint_root, heads_name=self.heads_name,
             published_models=self.published_names(), ckpt_dir=self.ckpt_dir, models=self.extra_models(),
             max_models=self.max_models, store_cache_dir=self.store_cache_dir, assumed_encoder=self.assumed_encoder(),
@@ -279,7 +280,7 @@ class ServeSettings(ServiceSettings):
             location=self.decision_log, sample_rate=self.decision_log_sample_rate,
             retention_days=self.decision_log_retention_days, flush_entries=self.decision_log_flush_entries,
             flush_interval_s=self.decision_log_flush_interval_s, buffer_entries=self.decision_log_buffer_entries,
-            redact_paths=[p.strip() for p in self.decision_log_redact_paths.split(",") if p.strip()],
+            redact_paths=list(self.decision_log_redact_paths),
             redact_defaults=self.decision_log_redact_defaults)
 
     def encoder_spec(self) -> EncoderSpec:
@@ -293,13 +294,11 @@ class ServeSettings(ServiceSettings):
                                   normalize=True)
 
 
-def parse_named_paths(value: str) -> dict[str, Path]:
-    """``NAME=PATH,NAME=PATH`` (upstream's ``--model NAME=PATH``, split on the first ``=``); a ValueError
+def parse_named_paths(entries: list[str]) -> dict[str, Path]:
+    """``NAME=PATH`` entries (upstream's ``--model NAME=PATH``, split on the first ``=``); a ValueError
     worded as upstream's for an entry without a name or a path."""
     named: dict[str, Path] = {}
-    for item in (part.strip() for part in value.split(",")):
-        if not item:
-            continue
+    for item in entries:
         name, _, path = item.partition("=")
         if not name.strip() or not path.strip():
             raise ValueError(f"models: expects NAME=PATH, got {item!r}")

@@ -98,7 +98,7 @@ def playground_router(directory: Path = PLAYGROUND_DIR) -> APIRouter:
     return router
 
 
-def cors_origins(value: str) -> list[str]:
-    """``CLM_SERVE_CORS_ORIGINS`` as a list: comma-separated, blanks dropped (``*``: any origin). A trailing
-    ``/`` is dropped too: a browser's ``Origin`` header never has one."""
-    return [origin.strip().rstrip("/") for origin in value.split(",") if origin.strip().rstrip("/")]
+def cors_origins(origins: list[str]) -> list[str]:
+    """``CLM_SERVE_CORS_ORIGINS`` as CORS takes them (``*``: any origin): a trailing ``/`` dropped, since a
+    browser's ``Origin`` header never has one."""
+    return [origin.rstrip("/") for origin in origins if origin.rstrip("/")]
