@@ -31,9 +31,9 @@ from clm.checkpoint.promotion import AUDIT_FOLDER
 from clm.checkpoint.versions import version_label
 from clm.decision_log.outcomes import answer_right
 from clm.errors import BAD_INPUT, KindedError, format_validation_error
+from clm.promotion.policy import read_policy_file, write_policy_file
 from clm.promotion.sequential import (CANARY, DEFAULT_ALPHA, DEFAULT_MIN_LABELS, DEFAULT_MIXING_VARIANCE, PREVIOUS,
                                       AgreementMonitor, CanaryMonitor, Decision)
-from clm.storage import open_store
 from clm.storage.base import NotFound, ObjectStore
 
 POLICY_KEY = "canary.json"
@@ -113,25 +113,13 @@ def parse_stages(text: str) -> list[dict[str, float]]:
 
 def read_canary_policy(root: str | os.PathLike | ObjectStore, name: str) -> CanaryConfig | None:
     """The canary policy of ``name``, or None (a promotion serves everything at once)."""
-    store = open_store(root)
-    try:
-        data = store.get(f"{name}/{POLICY_KEY}").data
-    except NotFound:
-        return None
-    source = f"{store.url}/{name}/{POLICY_KEY}"
-    try:
-        return CanaryConfig.parse(json.loads(data), source)
-    except ValueError as error:
-        raise CanaryError(f"{source}: {error}") from None
+    found = read_policy_file(root, name, POLICY_KEY, CanaryError)
+    return None if found is None else CanaryConfig.parse(*found)
 
 
 def write_canary_policy(root: str | os.PathLike | ObjectStore, name: str, policy: CanaryConfig | None) -> None:
     """Set the canary policy of ``name`` (None: off; a running canary keeps the policy it started with)."""
-    store = open_store(root)
-    if policy is None:
-        store.delete(f"{name}/{POLICY_KEY}")
-    else:
-        store.put(f"{name}/{POLICY_KEY}", (policy.model_dump_json(indent=2) + "\n").encode())
+    write_policy_file(root, name, POLICY_KEY, policy)
 
 
 class CanaryState(BaseModel):

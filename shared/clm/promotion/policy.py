@@ -70,29 +70,40 @@ class GatePolicy(BaseModel):
             raise GatePolicyError(f"{source}: {problems}") from None
 
 
-def read_policy(root: str | os.PathLike | ObjectStore, name: str) -> GatePolicy | None:
-    """The gate of ``name``, or None when it is off."""
+def read_policy_file(root: str | os.PathLike | ObjectStore, name: str, key: str,
+                     error: type[Exception]) -> tuple[Any, str] | None:
+    """The JSON stored at ``<name>/<key>`` (a name's gate or canary policy) and where it is, for messages; None
+    when there is none. Stored text that is not JSON raises ``error`` naming the object."""
     store = open_store(root)
     try:
-        data = store.get(f"{name}/{POLICY_KEY}").data
+        data = store.get(f"{name}/{key}").data
     except NotFound:
         return None
-    source = f"{store.url}/{name}/{POLICY_KEY}"
+    source = f"{store.url}/{name}/{key}"
     try:
-        raw = json.loads(data)
-    except ValueError as error:
-        raise GatePolicyError(f"{source} is not JSON: {error}") from None
-    return GatePolicy.parse(raw, source)
+        return json.loads(data), source
+    except ValueError as problem:
+        raise error(f"{source} is not JSON: {problem}") from None
+
+
+def write_policy_file(root: str | os.PathLike | ObjectStore, name: str, key: str, policy: BaseModel | None) -> None:
+    """Store ``policy`` at ``<name>/<key>`` as indented JSON; None deletes it (the policy is off)."""
+    store = open_store(root)
+    if policy is None:
+        store.delete(f"{name}/{key}")
+    else:
+        store.put(f"{name}/{key}", (policy.model_dump_json(indent=2) + "\n").encode())
+
+
+def read_policy(root: str | os.PathLike | ObjectStore, name: str) -> GatePolicy | None:
+    """The gate of ``name``, or None when it is off."""
+    found = read_policy_file(root, name, POLICY_KEY, GatePolicyError)
+    return None if found is None else GatePolicy.parse(*found)
 
 
 def write_policy(root: str | os.PathLike | ObjectStore, name: str, policy: GatePolicy | None) -> None:
     """Turn the gate of ``name`` on with ``policy`` (None: off)."""
-    store = open_store(root)
-    key = f"{name}/{POLICY_KEY}"
-    if policy is None:
-        store.delete(key)
-        return
-    store.put(key, (policy.model_dump_json(indent=2) + "\n").encode())
+    write_policy_file(root, name, POLICY_KEY, policy)
 
 
 def verdict_key(name: str, candidate: int, live: int | None, suffix: str = "json") -> str:
