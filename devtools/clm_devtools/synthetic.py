@@ -282,11 +282,19 @@ def write_soc_triage_splits(
     The ``train`` split never asks a held-out question variant; every other split may
     (``clm_devtools.synthetic_families``): that is the documented seen / unseen split.
     """
+    return write_splits(generate_soc_triage, "soc", out_dir, sizes, seed, label_noise)
+
+
+def write_splits(generate: Callable[..., list[dict[str, Any]]], id_prefix: str, out_dir: str | os.PathLike[str],
+                 sizes: Mapping[str, int], seed: int | str, label_noise: float) -> dict[str, Path]:
+    """``<split>.jsonl`` per split of a domain's ``generate`` (``generate_soc_triage``'s signature): each split
+    from its own stream (``<seed>/<split>``) with its own ids (``<id_prefix>-<split>-``); only ``train`` never
+    asks a held-out question variant."""
     out = Path(out_dir)
     written = {}
     for split, size in sizes.items():
-        records = generate_soc_triage(size, f"{seed}/{split}", label_noise, id_prefix=f"soc-{split}",
-                                      include_held_out=split != TRAIN_SPLIT)
+        records = generate(size, f"{seed}/{split}", label_noise, id_prefix=f"{id_prefix}-{split}",
+                           include_held_out=split != TRAIN_SPLIT)
         written[split] = out / f"{split}.jsonl"
         write_jsonl(records, written[split])
     return written

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clm_devtools.synthetic import DEFAULT_LABEL_NOISE, TRAIN_SPLIT, ask_record, check_sample_arguments, write_jsonl
+from clm_devtools.synthetic import DEFAULT_LABEL_NOISE, ask_record, check_sample_arguments, write_splits
 from clm_devtools.synthetic_support_families import (  # noqa: F401  (TEAMS, URGENCY_LEVELS: re-exported)
     FAMILIES,
     OPTION_COUNTS,
@@ -254,11 +254,4 @@ def write_support_ticket_splits(
     The ``train`` split never asks a held-out question variant; every other split may
     (``clm_devtools.synthetic_support_families``): that is the documented seen / unseen split.
     """
-    out = Path(out_dir)
-    written = {}
-    for split, size in sizes.items():
-        records = generate_support_tickets(size, f"{seed}/{split}", label_noise, id_prefix=f"support-{split}",
-                                           include_held_out=split != TRAIN_SPLIT)
-        written[split] = out / f"{split}.jsonl"
-        write_jsonl(records, written[split])
-    return written
+    return write_splits(generate_support_tickets, "support", out_dir, sizes, seed, label_noise)
