@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from clm.checkpoint.promotion import promote
-from clm.checkpoint.versions import checkpoint_files, publish_files
+from clm.checkpoint.promotion import LiveMoved, live_version, promote
+from clm.checkpoint.versions import checkpoint_files, list_store_versions, publish_files
 from clm.checkpoint import save_checkpoint
 from clm.cli import main as clm_main
 from clm.heads import CLMHeadPair
@@ -114,6 +114,22 @@ def test_a_rollback_copy_is_recognised(tmp_path):
     assert not is_rollback_copy(store, "heads", 2)
     copy = rollback_to(store, "heads", 1, actor="t", reason="worse")
     assert copy.live_after == 3 and is_rollback_copy(store, "heads", 3)
+
+
+def test_a_canarys_rollback_moves_nothing_once_another_version_is_live(tmp_path):
+    """The canary rolls back only the version it watched: promoted past by hand meanwhile, nothing is republished
+    and latest stays; while the canary is still live, the rollback's promotion compares and swaps on it."""
+    store = LocalStore(tmp_path / "root")
+    folder = save_checkpoint(tmp_path / "ckpt", CLMHeadPair(SMALL, seed=3), FINGERPRINT).pt_path.parent
+    for _ in range(3):
+        publish_files(store, "heads", checkpoint_files(folder), promote=False)
+    promote(store, "heads", 1, actor="t")
+    promote(store, "heads", 2, actor="t", expected_live=1)  # the canary
+    promote(store, "heads", 3, actor="someone", expected_live=2)  # promoted past it by hand
+    with pytest.raises(LiveMoved, match="to take back v0002, but v0003 is live now"):
+        rollback_to(store, "heads", 1, actor="canary", reason="worse", expected_live=2)
+    assert live_version(store, "heads") == 3 and list_store_versions(store, "heads") == [1, 2, 3]
+    assert rollback_to(store, "heads", 1, actor="canary", reason="worse", expected_live=3).live_after == 4
 
 
 class Heads(SimpleNamespace):

@@ -17,9 +17,10 @@ with the reason: the history says what happened, and every replica moves forward
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Literal
 
-from clm.checkpoint.promotion import Promotion, PromotionRefused, live_version, promote, record_refusal
+from clm.checkpoint.promotion import (LiveMoved, Promotion, PromotionRefused, live_version, optional_label, promote,
+                                     record_refusal)
 from clm.checkpoint.versions import CLAIM_FILE, list_store_versions, publish_files, version_label
 from clm.promotion.policy import read_policy, read_verdict, verdict_summary
 from clm.storage import open_store
@@ -77,16 +78,22 @@ def _refusal(name: str, version: int, live: int | None, verdict: dict[str, Any] 
 
 
 def rollback_to(root: str | os.PathLike | ObjectStore, name: str, version: int, *, actor: str,
-                reason: str) -> Promotion:
-    """Serve ``version``'s heads again: its files republished as the next version, promoted (forced, audited)."""
+                reason: str, expected_live: int | Literal["any"] = "any") -> Promotion:
+    """Serve ``version``'s heads again: its files republished as the next version, promoted (forced, audited).
+
+    ``expected_live``: the version this rollback takes back (a canary's); when another is live by then, nothing
+    is republished and ``LiveMoved`` is raised, and the promotion's compare-and-swap covers the moment after."""
     if not reason.strip():
         raise PromotionRefused("a rollback needs a reason (--reason): it is what the audit keeps")
     store = open_store(root)
+    if expected_live != "any" and (live := live_version(store, name)) != expected_live:
+        raise LiveMoved(f"{name}: the rollback was to take back {optional_label(expected_live)}, but "
+                        f"{optional_label(live)} is live now; nothing moved")
     if version not in list_store_versions(store, name):
         raise PromotionRefused(f"{name} has no complete version {version_label(version)} in {store.url}")
     prefix = f"{name}/{version_label(version)}/"
     files = {key[len(prefix):]: store.get(key).data for key in store.list(prefix)
              if key[len(prefix):] != CLAIM_FILE and "/" not in key[len(prefix):]}
     copy = publish_files(store, name, files, promote=False)
-    return promote(store, name, copy, actor=actor, expected_live="any", forced=True,
+    return promote(store, name, copy, actor=actor, expected_live=expected_live, forced=True,
                    reason=f"rollback to {version_label(version)} (republished as {version_label(copy)}): {reason}")

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from clm.checkpoint.promotion import live_version
+from clm.checkpoint.promotion import LiveMoved
 from clm.checkpoint.versions import version_label
 from clm.promotion.canary_config import (COMPLETED, ROLLED_BACK, RUNNING, CanaryState, create_state, is_rollback_copy,
                                          judge, new_state, now, on_schedule, read_canary_policy, read_outcomes,
@@ -291,12 +291,13 @@ class CanaryRouter:
                 state, etag = taken, replace_state(store, taken, etag)
             except PreconditionFailed:
                 return read_state(store, name, state.version) or (state, etag)
-        if live_version(store, name) != state.version:  # moved by someone else since: not ours to move back
-            done = {"to": "skipped", "why": "latest no longer names the canary"}
-        else:
+        try:  # only while the canary is still live: a version promoted by someone else since is not ours to move
             promotion = rollback_to(store, name, state.previous, actor=f"clm-serve canary (replica {self.replica})",
-                                    reason=f"canary {version_label(state.version)}: {state.reason}")
+                                    reason=f"canary {version_label(state.version)}: {state.reason}",
+                                    expected_live=state.version)
             done = {"to": version_label(promotion.live_after or state.previous), "at": now().isoformat()}
+        except LiveMoved:
+            done = {"to": "skipped", "why": "latest no longer names the canary"}
         final = state.model_copy(update={"rollback": {**(state.rollback or {}), **done}})
         try:
             return final, replace_state(store, final, etag)
