@@ -5,10 +5,10 @@ objects that is ~10 KB each in RAM. The trainer needs far less per record:
 which texts each question embeds (ids into one deduplicated text list, later
 rows of the ``EmbeddingTable``), its label, its reward vector and its option
 identities. So every record is validated under the one loader's rules
-(``clm.records.loader.read_records_file`` with the fast line reader of
-``clm.records.fast_lines``, which hands every line it cannot vouch for to
-the strict ``read_line``: the same rules and the same ``RecordError`` as
-``load_records``), compacted here, and dropped.
+(``clm.records.fast_load``'s loop and the fast line reader of
+``clm.records.fast_lines``, which hand every line they cannot vouch for to
+the strict ``read_line``, under the loader's file-level rules: the same
+``RecordError`` as ``load_records``), compacted here, and dropped.
 
 Layout of one file's ``CompactRecords`` (R records, Q questions, O options)::
 
@@ -39,8 +39,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from clm.records.fast_lines import FastLineReader, QuestionsBlock, RewardRows, VouchedLine
-from clm.records.loader import read_records_file
+from clm.records.fast_lines import QuestionsBlock, RewardRows, VouchedLine
+from clm.records.fast_load import load_fast
 from clm.records.model import QuestionTarget, Record
 from clm.texts import join_state, option_texts, render_state, state_text_tail
 
@@ -181,27 +181,28 @@ class _Builder:
     def __init__(self, texts: TextIds) -> None:
         self.texts = texts
         self.record_ids: list[str] = []
-        self.weights = array("d")
         self.state_text_ids = array("q")
-        self.record_blocks = array("q")
-        self.record_labels = array("q")
-        self.record_rewards = array("q")
+        # Per record one index into ``_combos``: (block, labels, rewards, weight) repeat across records, so one
+        # append a record stands for four (the fast loader's per-line cost is what bench-scale measures).
+        self.record_combos = array("q")
+        self._combos: dict[tuple[int, int, int, float], int] = {}
         self._schema_ids: dict[QuestionSchema, int] = {}
         self._blocks: dict[_CompactBlock, int] = {}
         self._labels: dict[tuple[int, ...], int] = {}
         self._rewards: dict[RewardRows, int] = {}
 
-    def add(self, line: Record | VouchedLine) -> None:
+    def add(self, line: Record | VouchedLine) -> tuple[int, tuple[str, ...]]:
         if isinstance(line, VouchedLine):
-            self.add_parts(*line)
-            return
+            return self.add_parts(*line)
         block = QuestionsBlock({}, line.questions)
         targets = line.decision_questions()
-        self.add_parts(line.id, float(line.weight), render_state(line.state), line.instructions, block,
+        return self.add_parts(line.id, float(line.weight), render_state(line.state), line.instructions, block,
                        tuple(t.label for t in targets), RewardRows.of(block, [t.rewards for t in targets]))
 
     def add_parts(self, record_id: str, weight: float, rendered_state: str, instructions: str | None,
-                  block: QuestionsBlock, labels: tuple[int, ...], rewards: RewardRows) -> None:
+                  block: QuestionsBlock, labels: tuple[int, ...], rewards: RewardRows) -> tuple[int, tuple[str, ...]]:
+        """Add one record; returns its combo index and state tails, which every record with the same
+        questions, instructions, supervision and weight shares (``clm.records.fast_load`` caches them)."""
         compacted = block.compacted.get(instructions) if block.compacted else None
         if compacted is None:  # the block's first record: texts join in the order every record adds them
             compacted = self._compact_block(block, rendered_state, instructions)
@@ -209,17 +210,17 @@ class _Builder:
             ids = self.texts.ids
             self.state_text_ids.extend([ids.setdefault(join_state(rendered_state, tail), len(ids))
                                         for tail in compacted[1].state_tails])
-        self.record_blocks.append(compacted[0])
         label_index = self._labels.get(labels)
         if label_index is None:
             label_index = self._labels[labels] = len(self._labels)
-        self.record_labels.append(label_index)
         reward_index = self._rewards.get(rewards)
         if reward_index is None:
             reward_index = self._rewards[rewards] = len(self._rewards)
-        self.record_rewards.append(reward_index)
+        combo = (compacted[0], label_index, reward_index, weight)
+        combo_index = self._combos.setdefault(combo, len(self._combos))
+        self.record_combos.append(combo_index)
         self.record_ids.append(record_id)
-        self.weights.append(weight)
+        return combo_index, compacted[1].state_tails
 
     def _compact_block(self, block: QuestionsBlock, rendered_state: str, instructions: str | None) -> tuple:
         """(index, ``_CompactBlock``) of a block with these record instructions; adds this record's state texts."""
@@ -243,7 +244,10 @@ class _Builder:
 
     def build(self, source: str, strict_lines: int) -> CompactRecords:
         blocks = list(self._blocks)
-        record_blocks = np.frombuffer(self.record_blocks, dtype=np.int64)
+        combos = np.array([combo[:3] for combo in self._combos], dtype=np.int64).reshape(-1, 3)
+        record_combos = np.frombuffer(self.record_combos, dtype=np.int64)
+        record_blocks, record_labels, record_rewards = (combos[record_combos, column] for column in range(3))
+        weights = np.array([combo[3] for combo in self._combos], dtype=np.float64)[record_combos]
         questions_per_block = np.array([len(b.schema_index) for b in blocks], dtype=np.int64)
         question_offsets = np.zeros(len(self.record_ids) + 1, dtype=np.int64)
         np.cumsum(questions_per_block[record_blocks], out=question_offsets[1:])
@@ -251,17 +255,16 @@ class _Builder:
         option_offsets = np.zeros(len(option_counts) + 1, dtype=np.int64)
         np.cumsum(option_counts, out=option_offsets[1:])
         rewards = list(self._rewards)
-        record_rewards = np.frombuffer(self.record_rewards, dtype=np.int64)
         return CompactRecords(
             source=source, record_ids=self.record_ids,
-            weights=np.frombuffer(self.weights, dtype=np.float64),
+            weights=weights,
             question_offsets=question_offsets,
             schemas=tuple(sorted(self._schema_ids, key=self._schema_ids.__getitem__)),
             schema_index=_expand([b.schema_index for b in blocks], record_blocks, np.int32),
             state_text_ids=np.frombuffer(self.state_text_ids, dtype=np.int64),
             option_offsets=option_offsets,
             option_text_ids=_expand([b.option_text_ids for b in blocks], record_blocks, np.int64),
-            labels=_expand(list(self._labels), np.frombuffer(self.record_labels, dtype=np.int64), np.int32),
+            labels=_expand(list(self._labels), record_labels, np.int32),
             has_rewards=_expand([r.has_rewards for r in rewards], record_rewards, np.bool_),
             rewards=_expand([r.flat_rewards for r in rewards], record_rewards, np.float64),
             strict_lines=strict_lines,
@@ -299,18 +302,17 @@ def compact_records(records: Iterable[Record], texts: TextIds, source: str = "<r
 def load_compact(path: str | os.PathLike[str], texts: TextIds) -> CompactRecords:
     """A records file validated exactly as ``load_records`` does, kept compact, streamed.
 
-    Lines go through ``clm.records.fast_lines.FastLineReader``, which hands
-    every line it cannot vouch for to the strict reader; so this raises the
+    Lines go through ``clm.records.fast_load``'s loop and
+    ``clm.records.fast_lines.FastLineReader``, which hand every line they
+    cannot vouch for to the strict reader; so this raises the
     same ``RecordError`` (every problem, file/line/record/field) and keeps
     the same arrays as ``compact_records(iter_records(path), ...)``, faster.
     Nothing of a bad file is returned, though its texts may have joined
     ``texts`` (callers drop the ``TextIds`` of a failed load).
     """
     builder = _Builder(texts)
-    reader = FastLineReader()
-    for line in read_records_file(path, reader):
-        builder.add(line)
-    return builder.build(str(path), strict_lines=reader.strict_lines)
+    strict_lines = load_fast(path, builder)
+    return builder.build(str(path), strict_lines=strict_lines)
 
 
 __all__ = ["CompactRecords", "QuestionSchema", "TextIds", "compact_records", "load_compact"]

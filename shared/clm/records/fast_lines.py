@@ -46,7 +46,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from clm.records.loader import read_line
-from clm.records.model import Record
+from clm.records.model import Record, checked_state
 from clm.records.questions import Question
 from clm.records.strict_json import loads_strict
 from clm.texts import render_state
@@ -156,9 +156,19 @@ class FastLineReader:
             return None
         state_raw = members["state"]
         state = _decode_state(state_raw)
-        if isinstance(state, dict) and _encode(state) != bytes(state_raw):
+        if isinstance(state, dict):
+            if _encode(state) != bytes(state_raw):
+                return None
+            checked_state(state)  # FieldProblem (a ValueError) for a state nested past the model's limit
+        parts = self.vouch_parts(members)
+        if parts is None:
             return None
-        rendered = render_state(state)
+        weight, instructions, block, labels, reward_rows = parts
+        return VouchedLine(record_id, weight, render_state(state), instructions, block, labels, reward_rows)
+
+    def vouch_parts(self, members: dict[str, msgspec.Raw]) -> tuple | None:
+        """(weight, instructions, block, labels, reward rows) of a line's members after ``id`` and ``state``,
+        or None when any of them is not what the strict reader accepts (``members`` must hold ``questions``)."""
         block_key = bytes(members["questions"])
         block = self._blocks.get(block_key)
         if block is None:
@@ -183,7 +193,7 @@ class FastLineReader:
         weight = 1.0 if "weight" not in members else self._cached_scalar(self._weights, members["weight"], "weight")
         if instructions is _REFUSED or weight is _REFUSED:
             return None
-        return VouchedLine(record_id, weight, rendered, instructions, block, labels, reward_rows)
+        return weight, instructions, block, labels, reward_rows
 
     # -- parts validated by the strict reader, once per distinct spelling ---------------------------------
 

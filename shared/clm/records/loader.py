@@ -117,7 +117,7 @@ def _open_binary(path: str) -> BinaryIO:
     return open(path, "rb")
 
 
-def _numbered_lines(path: str) -> Iterator[tuple[int, bytes]]:
+def numbered_lines(path: str) -> Iterator[tuple[int, bytes]]:
     with _open_binary(path) as stream:
         yield from enumerate(stream, start=1)
 
@@ -139,8 +139,9 @@ def iter_records(path: str | os.PathLike[str]) -> Iterator[Record]:
 
     The one reader of records files: ``load_records`` lists what it yields,
     ``clm records validate`` summarizes it, and ``clm.records.compact`` reads
-    through the same ``read_records_file`` with a faster line reader that
-    falls back to this one. Problems are collected while reading on; once the
+    through ``clm.records.fast_load``, a loop with faster line readers that
+    fall back to this one, under the same file-level rules (their problems
+    are defined below, once). Problems are collected while reading on; once the
     file is read, any problem raises one ``RecordError`` naming all of them,
     so a consumer must discard what it built when the iteration raises
     (nothing partial is ever valid).
@@ -170,7 +171,7 @@ def read_records_file(path: str | os.PathLike[str], line_reader: LineReader[Line
     first_line_of_id: dict[str, int] = {}
     last_line = 0
     try:
-        for line_number, raw in _numbered_lines(source):
+        for line_number, raw in numbered_lines(source):
             last_line = line_number
             problem_or_record = line_reader(raw, source, line_number)
             if problem_or_record is None:
@@ -180,19 +181,31 @@ def read_records_file(path: str | os.PathLike[str], line_reader: LineReader[Line
                 continue
             record = problem_or_record
             if record.id in first_line_of_id:
-                reason = f"duplicate record id (first seen on line {first_line_of_id[record.id]})"
-                problems.append(RecordProblem(source, line_number, record.id, "id", reason))
+                problems.append(duplicate_id_problem(source, line_number, record.id, first_line_of_id[record.id]))
                 continue
             first_line_of_id[record.id] = line_number
             if not problems:  # once the file is known bad, nothing more is handed out
                 yield record
     except (gzip.BadGzipFile, EOFError, zlib.error) as error:
-        reason = f"the gzip stream is corrupt or truncated ({error})"
-        problems.append(RecordProblem(source, last_line + 1, None, None, reason))
+        problems.append(corrupt_gzip_problem(source, last_line, error))
     if problems:
         raise RecordError(problems)
     if not first_line_of_id:
-        raise RecordError([RecordProblem(source, 0, None, None, "the file holds no records")])
+        raise RecordError([no_records_problem(source)])
+
+
+# The file-level problems, shared with clm.records.fast_load's loop (the same rules, the same messages).
+def duplicate_id_problem(source: str, line_number: int, record_id: str, first_line: int) -> RecordProblem:
+    return RecordProblem(source, line_number, record_id, "id", f"duplicate record id (first seen on line {first_line})")
+
+
+def corrupt_gzip_problem(source: str, last_line: int, error: Exception) -> RecordProblem:
+    """The problem of a gzip stream that broke after line ``last_line``."""
+    return RecordProblem(source, last_line + 1, None, None, f"the gzip stream is corrupt or truncated ({error})")
+
+
+def no_records_problem(source: str) -> RecordProblem:
+    return RecordProblem(source, 0, None, None, "the file holds no records")
 
 
 def read_line(raw: bytes, source: str, line_number: int) -> Record | list[RecordProblem] | None:
