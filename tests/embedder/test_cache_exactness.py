@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from clm.cache import EmbeddingCache
-from clm_embedder.app import create_app
+from clm_embedder.http.app import create_app
 from clm_embedder.settings import EmbedderSettings
 
 MAX_TOKENS = 64

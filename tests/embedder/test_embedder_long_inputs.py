@@ -1,7 +1,7 @@
 """Long inputs: a request asking for truncation has its tokens cut whatever its length, as vLLM does.
 
 ``max_chars_per_input`` (32768) bounds an input sent without ``truncate_prompt_tokens`` only; a request
-with it is bounded by the request body limit (``clm_embedder.app``), the text one request may carry, and each
+with it is bounded by the request body limit (``clm_embedder.http.app``), the text one request may carry, and each
 of its texts is cut to what its kept tokens can span before a tokenizer reads it. Here
 the embedder (a real process: the tiny Qwen3 in-process, max_tokens 512 like the session vLLM server's
 --max-model-len) gets a 1 MiB body limit, so a body over it is cheap to send. A 53,617-character document

@@ -99,7 +99,7 @@ def test_retry_events_are_never_throttled(fault_report):
     """The trainer's job progress recorder: every embedder-retry event is written, even within the throttle
     interval."""
     from clm.recipes.progress import ProgressEvent
-    from clm_trainer.job_progress import JobProgressRecorder
+    from clm_trainer.worker.job_progress import JobProgressRecorder
 
     class Queue:
         def __init__(self) -> None:

@@ -21,7 +21,7 @@ from clm.recipes.data_phase import RECORDS_FOLDER
 from clm.recipes.train_clm_heads import TrainCLMHeadsRecipe
 from clm.storage import LocalStore
 from clm_devtools.synthetic import write_soc_triage_splits
-from clm_trainer.job_config import JobConfigError, prepare_config
+from clm_trainer.jobs.job_config import JobConfigError, prepare_config
 from clm_trainer.settings import TrainerSettings
 
 from support.trainer import local_recipe_config

@@ -250,14 +250,14 @@ class PublishGate:
     """Holds one trainer job before its publish step until the test releases it.
 
     The runner publishes under an exclusive ``flock`` on ``<work_root>/<job id>/publish.lock``
-    (``clm_trainer.runner``); while the test holds that lock the job keeps running (lease renewed, status
+    (``clm_trainer.worker.runner``); while the test holds that lock the job keeps running (lease renewed, status
     ``running``) and cannot end, however fast its epochs go. So a test that needs a job in flight when it
     kills, stops or starves something takes the gate instead of choosing "enough" epochs. Once released the
     job publishes as usual (a cancel or a shutdown requested meanwhile is seen right after the lock).
     """
 
     def __init__(self, work_root: Path, job_id: str) -> None:
-        from clm_trainer.runner import PUBLISH_LOCK
+        from clm_trainer.worker.runner import PUBLISH_LOCK
 
         folder = work_root.resolve() / job_id
         folder.mkdir(parents=True, exist_ok=True)

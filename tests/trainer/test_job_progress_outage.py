@@ -13,7 +13,7 @@ import logging
 import redis
 
 from clm.recipes.loop import EpochReport
-from clm_trainer.job_progress import JobProgressRecorder
+from clm_trainer.worker.job_progress import JobProgressRecorder
 
 
 class FlakyQueue:
@@ -36,7 +36,7 @@ class Claim:
 def test_one_warning_per_outage_and_a_note_when_writes_resume(caplog):
     queue = FlakyQueue(failures=50)
     recorder = JobProgressRecorder(queue, claim=Claim(), epochs=60, interval_s=0, on_lost=lambda: None)
-    with caplog.at_level(logging.INFO, logger="clm_trainer.job_progress"):
+    with caplog.at_level(logging.INFO, logger="clm_trainer.worker.job_progress"):
         for epoch in range(1, 61):
             recorder.on_epoch(EpochReport(epoch, {"loss": 0.5}, {"accuracy": 0.9}, 0.9, is_best=True))
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]

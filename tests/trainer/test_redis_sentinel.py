@@ -16,7 +16,7 @@ import redis
 from clm.cache.redis_tier import RedisTier
 from clm.redis_connect import parse_sentinel_url, sync_client
 from clm_devtools.procs import free_port
-from clm_trainer.queue import JobQueue
+from clm_trainer.jobs.queue import JobQueue
 from clm_trainer.settings import TrainerSettings
 
 from support.sentinel import start_sentinel_setup

@@ -12,7 +12,7 @@ import pytest
 
 from clm_devtools.procs import wait_for_log
 from clm_devtools.seaweedfs import SeaweedS3
-from clm_trainer.report_store import REPORT_JSON
+from clm_trainer.jobs.report_store import REPORT_JSON
 
 from support.trainer import TrainerStack, is_terminal, recipe_config, wait_job, write_data
 

@@ -17,8 +17,8 @@ import pytest
 from clm.errors import UNAVAILABLE
 from clm.storage import StorageError
 from clm_devtools.procs import free_port
-from clm_trainer.job_config import JobConfigError, prepare_config
-from clm_trainer.report_store import REPORT_JSON, report_files
+from clm_trainer.jobs.job_config import JobConfigError, prepare_config
+from clm_trainer.jobs.report_store import REPORT_JSON, report_files
 from clm_trainer.settings import TrainerSettings
 
 from support.storage import s3_store

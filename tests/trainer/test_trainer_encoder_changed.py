@@ -16,7 +16,7 @@ from clm.encoders.base import EncoderChanged
 from clm.recipes.config import EncoderConfig
 from clm.encoders.retrying import RetryingEncoder
 from clm.retry import RetryPolicy
-from clm_trainer.worker import classify
+from clm_trainer.worker.process import classify
 
 from support.faults import Embedder, stop_all
 from support.trainer import (

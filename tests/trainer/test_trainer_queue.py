@@ -9,9 +9,9 @@ import time
 import pytest
 import redis
 
-from clm_trainer.queue import JobQueue
+from clm_trainer.jobs.queue import JobQueue
 from clm_trainer.settings import TrainerSettings
-from clm_trainer.job_store import IdempotencyConflict, JobStore, new_job_id
+from clm_trainer.jobs.job_store import IdempotencyConflict, JobStore, new_job_id
 
 
 @pytest.fixture()

@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from clm_trainer.queue import JobQueue
+from clm_trainer.jobs.queue import JobQueue
 from clm_trainer.settings import TrainerSettings
-from clm_trainer.job_store import JobStore
+from clm_trainer.jobs.job_store import JobStore
 
 from test_trainer_queue import redis_now_ms, submit, wait_lease_expired
 

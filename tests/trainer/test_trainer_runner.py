@@ -6,8 +6,8 @@ import pytest
 
 from clm.checkpoint import list_versions, read_version_file, resolve_latest
 from clm.checkpoint.promotion import read_audit
-from clm_trainer.job_config import JobConfigError, prepare_config
-from clm_trainer.runner import JOB_ID_METRIC, JobCancelled, run_job
+from clm_trainer.jobs.job_config import JobConfigError, prepare_config
+from clm_trainer.worker.runner import JOB_ID_METRIC, JobCancelled, run_job
 from clm_trainer.settings import TrainerSettings
 
 from support.observers import RecordingObserver

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from clm.recipes.config import ConfigError, build_config
 from clm.storage import ObjectURL, parse_object_url
-from clm_trainer.job_config import JobConfigError, confine_url, prepare_config
+from clm_trainer.jobs.job_config import JobConfigError, confine_url, prepare_config
 from clm_trainer.settings import TrainerSettings
 
 from support.trainer import recipe_config

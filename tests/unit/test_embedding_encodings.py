@@ -1,4 +1,4 @@
-"""clm_embedder.encodings against vLLM 0.32's OWN encoders, byte for byte.
+"""clm_embedder.http.encodings against vLLM 0.32's OWN encoders, byte for byte.
 
 Once per module, the vLLM environment (.venv-vllm) runs a small script that feeds the same float32
 matrices to ``vllm.utils.serial_utils.tensor2binary`` (per row, as vLLM serialises each output) and to
@@ -25,7 +25,7 @@ import time
 import numpy as np
 import pytest
 
-from clm_embedder.encodings import (
+from clm_embedder.http.encodings import (
     EMBED_DTYPES, ENCODING_FORMATS, ENDIANNESS, render_pooling_response, vectors_to_bytes,
 )
 

@@ -33,8 +33,8 @@ from clm.records.errors import RecordProblem
 from clm_devtools.synthetic import write_soc_triage_splits
 from clm_embedder.admission import Saturated
 from clm_http.errors import KIND_ANSWERS, error_answer
-from clm_trainer.job_config import JobConfigError
-from clm_trainer.worker import classify
+from clm_trainer.jobs.job_config import JobConfigError
+from clm_trainer.worker.process import classify
 from support.trainer import local_recipe_config
 
 

@@ -1,12 +1,12 @@
-"""``clm_trainer.report_store``: the one answer to "where is job X's report", on a folder report store (the
+"""``clm_trainer.jobs.report_store``: the one answer to "where is job X's report", on a folder report store (the
 bucket case runs against the real SeaweedFS in tests/trainer/test_trainer_data_urls.py)."""
 
 from __future__ import annotations
 
 import shutil
 
-from clm_trainer.job_config import report_dir
-from clm_trainer.report_store import REPORT_JSON, find_report, report_files, upload_report
+from clm_trainer.jobs.job_config import report_dir
+from clm_trainer.jobs.report_store import REPORT_JSON, find_report, report_files, upload_report
 from clm_trainer.settings import TrainerSettings
 
 JOB_ID = "job-00000000000000000000000b"

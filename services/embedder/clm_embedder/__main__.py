@@ -6,7 +6,7 @@ import sys
 
 from clm_http.settings import configure_logging, serve, service_parser
 
-from .app import create_app
+from .http.app import create_app
 from .settings import EmbedderSettings
 
 

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from clm.encoders.options import EMPTY_PROMPT, EncodeOptions, token_ids_key
 from clm.encoders.tokenizer import ChatRequest, TokenizerRefused
-from clm_http.errors import InvalidRequest, PayloadTooLarge, ResourceNotFound
 
-from .protocol import PoolingRequestBase, vllm_parameter_error
+from .errors import InputRefused, InputTooLarge, UnknownModel, vllm_parameter_error
 from .state import EmbedderState
 
 TRUNCATION_TOO_LARGE = ("truncate_prompt_tokens value is greater than max_model_len."
@@ -30,7 +29,31 @@ _MM_KWARGS = ("Per-request {name} are disabled by default because they can chang
               "usage. Start the server with --trust-request-mm-kwargs only when clients are trusted.")
 
 
-def too_long(limit: int, count: int, *, at_least: bool) -> InvalidRequest:
+class PoolingBody(Protocol):
+    """What the resolver reads of a pooling request: the HTTP layer's request models
+    (``clm_embedder.http.protocol.PoolingRequestBase``) are one."""
+
+    model: str | None
+    input: Any
+    messages: Any
+    truncate_prompt_tokens: int | None
+    truncation_side: str | None
+    padding: str | None
+    add_special_tokens: bool | None
+    use_activation: bool | None
+    cache_salt: str | None
+    mm_processor_kwargs: dict[str, Any] | None
+    media_io_kwargs: dict[str, Any] | None
+    add_generation_prompt: bool
+    continue_final_message: bool
+    chat_template: str | None
+    chat_template_kwargs: dict[str, Any] | None
+
+    @property
+    def is_chat(self) -> bool: ...
+
+
+def too_long(limit: int, count: int, *, at_least: bool) -> InputRefused:
     """vLLM's refusal of an input over the maximum length when no truncation was asked for."""
     return vllm_parameter_error(
         f"This model's maximum context length is {limit} tokens. However, your prompt contains "
@@ -45,12 +68,12 @@ class ResolvedInputs:
     strict: bool  # no truncation asked for: an input over the maximum length is refused, as vLLM does
 
 
-def check_model(body: PoolingRequestBase, state: EmbedderState) -> None:
+def check_model(body: PoolingBody, state: EmbedderState) -> None:
     if body.model and body.model not in (state.settings.served_model_name, state.backend.fingerprint.model):
-        raise ResourceNotFound(f"The model `{body.model}` does not exist.")  # vLLM's words, param null
+        raise UnknownModel(f"The model `{body.model}` does not exist.")  # vLLM's words, param null
 
 
-async def resolve_inputs(body: PoolingRequestBase, state: EmbedderState) -> ResolvedInputs:
+async def resolve_inputs(body: PoolingBody, state: EmbedderState) -> ResolvedInputs:
     settings, fingerprint = state.settings, state.backend.fingerprint
     check_model(body, state)
     for name, what in (("mm_processor_kwargs", "preprocessing"), ("media_io_kwargs", "media loading")):
@@ -59,9 +82,9 @@ async def resolve_inputs(body: PoolingRequestBase, state: EmbedderState) -> Reso
     limit = fingerprint.max_tokens
     truncation = body.truncate_prompt_tokens
     if truncation is not None and truncation > limit:
-        raise InvalidRequest(TRUNCATION_TOO_LARGE)
+        raise InputRefused(TRUNCATION_TOO_LARGE)
     if truncation == 0:
-        raise InvalidRequest(EMPTY_PROMPT)
+        raise InputRefused(EMPTY_PROMPT)
     if body.is_chat:
         keys, token_ids = await _render_chats(body, state)
         special = bool(body.add_special_tokens)
@@ -69,14 +92,14 @@ async def resolve_inputs(body: PoolingRequestBase, state: EmbedderState) -> Reso
         # A request asking for truncation has its tokens cut, as vLLM cuts them, whatever its length: a
         # per-input character bound would refuse, before any token is cut, a long document vLLM answers 200
         # (clm-serve always truncates). Such a text is cut to what its kept tokens can span before it is
-        # tokenized (_cut_past_truncation, below); the request body limit (clm_embedder.app) bounds the rest.
+        # tokenized (_cut_past_truncation, below); the request body limit (clm_embedder.http.app) bounds the rest.
         keys, token_ids = _plain_inputs(body, settings.max_chars_per_input if truncation is None else None)
         special = body.add_special_tokens is not False
     if not keys:
-        raise InvalidRequest(NO_PROMPT)
+        raise InputRefused(NO_PROMPT)
     if len(keys) > settings.max_inputs_per_request:
-        raise PayloadTooLarge(f"{len(keys)} inputs exceed the limit of {settings.max_inputs_per_request} per request",
-                              param="input")
+        raise InputTooLarge(f"{len(keys)} inputs exceed the limit of {settings.max_inputs_per_request} per request",
+                            param="input")
     options = EncodeOptions(
         max_tokens=None if truncation in (None, -1) else truncation,
         truncation_side=body.truncation_side if truncation is not None else None,
@@ -139,7 +162,7 @@ def _salt_mark(salt: str | None) -> str | None:
     return None if salt is None else hashlib.sha256(salt.encode("utf-8")).hexdigest()[:32]
 
 
-def _plain_inputs(body: PoolingRequestBase, max_chars: int | None) -> tuple[list[str], bool]:
+def _plain_inputs(body: PoolingBody, max_chars: int | None) -> tuple[list[str], bool]:
     """(keys, token_ids?) of a text or token-id input; a text over ``max_chars`` (None: no bound) is a 413."""
     raw = body.input
     if isinstance(raw, str):
@@ -152,32 +175,32 @@ def _plain_inputs(body: PoolingRequestBase, max_chars: int | None) -> tuple[list
         keys = []
         for index, ids in enumerate(raw):
             if not ids:
-                raise InvalidRequest(EMPTY_PROMPT)
+                raise InputRefused(EMPTY_PROMPT)
             if min(ids) < 0:
-                raise InvalidRequest(f"Token id {min(ids)} is out of vocabulary")
+                raise InputRefused(f"Token id {min(ids)} is out of vocabulary")
             keys.append(token_ids_key(ids))
         return keys, True
     for index, text in enumerate(raw):
         if max_chars is not None and len(text) > max_chars:
-            raise PayloadTooLarge(f"input {index} has {len(text)} characters; the limit is {max_chars} for an input "
-                                  "sent without truncate_prompt_tokens (send it, e.g. -1, to have the input's tokens "
-                                  "cut to the model's maximum length)", param=f"input.{index}")
+            raise InputTooLarge(f"input {index} has {len(text)} characters; the limit is {max_chars} for an input "
+                                "sent without truncate_prompt_tokens (send it, e.g. -1, to have the input's tokens "
+                                "cut to the model's maximum length)", param=f"input.{index}")
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as error:  # a JSON "\ud800" escape: no tokenizer and no cache key takes it
-            raise InvalidRequest(f"input {index} is not valid Unicode (unpaired surrogate at position "
-                                 f"{error.start})", param=f"input.{index}") from None
+            raise InputRefused(f"input {index} is not valid Unicode (unpaired surrogate at position "
+                               f"{error.start})", param=f"input.{index}") from None
     return list(raw), False
 
 
-async def _render_chats(body: PoolingRequestBase, state: EmbedderState) -> tuple[list[str], bool]:
+async def _render_chats(body: PoolingBody, state: EmbedderState) -> tuple[list[str], bool]:
     """(keys, token ids?) of the conversations: each one's prompt rendered by the model's chat template
     (vLLM renders to text first), or, with vLLM's tokenizer, the token ids vLLM makes of it."""
     check_chat_template(body.chat_template, body.chat_template_kwargs)
     source = body.messages if body.messages is not None else body.input
     conversations = source if source and isinstance(source[0], list) else [source]
     if state.tokenizer is None:
-        raise InvalidRequest("chat input needs the model's tokenizer, which this embedder does not have")
+        raise InputRefused("chat input needs the model's tokenizer, which this embedder does not have")
     keys, token_ids = [], False
     for conversation in conversations:
         chat = chat_request(conversation, body.add_generation_prompt, body.continue_final_message,
@@ -185,7 +208,7 @@ async def _render_chats(body: PoolingRequestBase, state: EmbedderState) -> tuple
         try:
             key, token_ids = await state.tokenizer.chat_key(chat)
         except TokenizerRefused as error:
-            raise InvalidRequest(str(error)) from None
+            raise InputRefused(str(error)) from None
         keys.append(key)
     return keys, token_ids
 
@@ -193,7 +216,7 @@ async def _render_chats(body: PoolingRequestBase, state: EmbedderState) -> tuple
 def check_chat_template(chat_template: str | None, template_kwargs: dict | None) -> None:
     """vLLM refuses a request's own chat template unless started with --trust-request-chat-template."""
     if chat_template is not None or (template_kwargs or {}).get("chat_template") is not None:
-        raise InvalidRequest(UNTRUSTED_TEMPLATE)
+        raise InputRefused(UNTRUSTED_TEMPLATE)
 
 
 def chat_request(messages: list, add_generation_prompt: bool, continue_final_message: bool,
@@ -208,17 +231,17 @@ def chat_request(messages: list, add_generation_prompt: bool, continue_final_mes
 def chat_message(message: Any) -> dict:
     """A chat message as the template sees it: vLLM's "string" content format (text parts joined)."""
     if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-        raise InvalidRequest("each chat message must be an object with a string 'role'")
+        raise InputRefused("each chat message must be an object with a string 'role'")
     content = message.get("content")
     if isinstance(content, list):
         texts = []
         for part in content:
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise InvalidRequest("only text content parts ({'type': 'text', 'text': ...}) can be embedded")
+                raise InputRefused("only text content parts ({'type': 'text', 'text': ...}) can be embedded")
             texts.append(part["text"])
         message = {**message, "content": "\n".join(texts)}
     elif content is not None and not isinstance(content, str):
-        raise InvalidRequest("a chat message's content must be a string or a list of text parts")
+        raise InputRefused("a chat message's content must be a string or a list of text parts")
     return message
 
 
@@ -231,5 +254,5 @@ async def check_lengths(resolved: ResolvedInputs, counts: list[int | None], limi
         if count is not None and count > limit:
             refusal = await state.tokenizer.length_refusal(key) if state.tokenizer is not None else None
             if refusal is not None:  # vLLM's own words for it (the vllm backend without a model folder)
-                raise InvalidRequest(refusal[0], param=refusal[1])
+                raise InputRefused(refusal[0], param=refusal[1])
             raise too_long(limit, count, at_least=True)

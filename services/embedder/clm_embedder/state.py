@@ -48,7 +48,7 @@ class EmbedderState:
         # idles between two requests.
         concurrency = 2 * backend.inner.max_in_flight if spec.is_remote else 1
         if spec.is_remote:
-            # No model runs in this process: torch only converts answers (clm_embedder.encodings), where a pool of
+            # No model runs in this process: torch only converts answers (clm_embedder.http.encodings), where a pool of
             # threads splits a 512x4096 matrix and its workers spin for CPU the event loop and, on a shared
             # machine, the vLLM replicas need (measured under `make bench-fleet`: ~12% of the embedder's CPU).
             import torch  # noqa: PLC0415  (already loaded by transformers)

@@ -33,11 +33,11 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(settings.log_level)
 
     if args.command == "api":
-        from .app import create_app
+        from .http.app import create_app
 
         serve(create_app(settings), settings, graceful_shutdown_s=5)
     else:
-        from .worker import run_worker
+        from .worker.process import run_worker
 
         run_worker(settings)
     return 0

@@ -5,7 +5,7 @@
 outage of a bucket it keeps trying for ``retry_s``) and reports a failure of the
 filesystem or the store as a ``PublishError`` naming the root and the cause. A caller with its own rules
 hands the recipe another publisher: the trainer service wraps this one so a
-job publishes at most once (``clm_trainer.runner.OncePerJobPublisher``).
+job publishes at most once (``clm_trainer.worker.runner.OncePerJobPublisher``).
 """
 
 from __future__ import annotations

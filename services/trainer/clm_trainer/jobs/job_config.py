@@ -59,7 +59,7 @@ from clm.errors import BAD_INPUT, KindedError
 from clm.recipes.config import DATA_FILES, ConfigError, RecipeConfig, build_config
 from clm.storage import bucket_within, head_url, is_bucket, is_url, parse_object_url
 
-from .settings import TrainerSettings
+from clm_trainer.settings import TrainerSettings
 
 # A submit waits this long at most for the data store to say whether a data object exists (then: 503).
 HEAD_TIMEOUT_S = 10.0

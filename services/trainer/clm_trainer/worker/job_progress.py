@@ -20,8 +20,9 @@ import redis
 from clm.recipes.loop import EpochReport
 from clm.recipes.progress import ProgressEvent, RunObserver
 
-from .queue import Claim, JobQueue
-from .worker_prometheus import PhaseClock, WorkerMetrics
+from clm_trainer.jobs.queue import Claim, JobQueue
+
+from .prometheus import PhaseClock, WorkerMetrics
 
 logger = logging.getLogger(__name__)
 

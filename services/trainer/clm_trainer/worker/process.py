@@ -44,13 +44,14 @@ from clm.recipes.errors import DISK_FULL_ERRNOS
 from clm.retry import RetryPolicy, failure_of, next_sleep
 from clm.storage import StorageError, StoreUnavailable
 
-from .job_config import load_job_config
+from clm_trainer.jobs.job_config import load_job_config
+from clm_trainer.jobs.queue import Claim, JobQueue
+from clm_trainer.jobs.report_store import upload_report
+from clm_trainer.settings import TrainerSettings, redact_url
+
 from .job_progress import JobProgressRecorder, finite
-from .queue import Claim, JobQueue
-from .report_store import upload_report
+from .prometheus import WorkerMetrics
 from .runner import JobCancelled, run_job
-from .settings import TrainerSettings, redact_url
-from .worker_prometheus import WorkerMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -250,7 +251,7 @@ class Worker:
                            "(the job's current owner finishes it)", claim.job_id, status)
 
     def _upload_report(self, claim: Claim, monitor: LeaseMonitor) -> str | None:
-        """The finished job's report copied to the report store (``clm_trainer.report_store``), retried while the
+        """The finished job's report copied to the report store (``clm_trainer.jobs.report_store``), retried while the
         store is unavailable for up to ``report_store_retry_s``; its location there, None without a store."""
         def announce(state) -> None:
             self.metrics.retries.labels("report_store").inc()

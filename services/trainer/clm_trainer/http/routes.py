@@ -1,4 +1,5 @@
-"""The jobs API routes. Thin: validation and auth here, state changes in ``job_store`` (Lua), work in workers."""
+"""The jobs API routes. Thin: validation and auth here, state changes in ``clm_trainer.jobs.job_store`` (Lua),
+work in workers."""
 
 from __future__ import annotations
 
@@ -15,12 +16,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from clm_http.auth import require_bearer
 from clm_http.errors import Conflict, InvalidRequest, ResourceNotFound
 
-from .job_config import JobConfigError, prepare_config
+from clm_trainer.jobs.job_config import JobConfigError, prepare_config
+from clm_trainer.jobs.job_store import IdempotencyConflict, JobStore, new_job_id, request_digest
+from clm_trainer.jobs.records import Job
+from clm_trainer.jobs.report_store import REPORT_HTML, REPORT_JSON, JobReport, find_report
+from clm_trainer.settings import TrainerSettings
+
+from .models import JobCreate, JobList
 from .prometheus import TrainerMetrics
-from .report_store import REPORT_HTML, REPORT_JSON, JobReport, find_report
-from .models import Job, JobCreate, JobList
-from .settings import TrainerSettings
-from .job_store import IdempotencyConflict, JobStore, new_job_id, request_digest
 from .streaming import ndjson_body, sse_body
 
 router = APIRouter()
@@ -130,7 +133,7 @@ async def job_report(request: Request, job_id: str, format: Literal["json", "htm
     job = await _job_or_404(_job_store(request), job_id)
     if job.status != "succeeded":
         raise Conflict(f"job {job_id} is {job.status}; a report exists once it has succeeded")
-    # The local folder or the report store (clm_trainer.report_store): blocking file and store reads, off the loop.
+    # The local folder or the report store (clm_trainer.jobs.report_store): blocking file and store reads, off the loop.
     report = await asyncio.to_thread(find_report, _settings(request), job_id)
     if report is None:
         raise ResourceNotFound(f"the report of job {job_id} is no longer available (neither under the work root "

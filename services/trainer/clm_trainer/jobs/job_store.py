@@ -22,11 +22,11 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from clm.redis_connect import async_client
+from clm_trainer.settings import TrainerSettings
 
 from . import lua
 from .keys import TERMINAL_STATUSES, RedisKeys
-from .models import Job, job_from_hash
-from .settings import TrainerSettings
+from .records import Job, job_from_hash
 from .timeutil import now_iso
 
 

@@ -14,8 +14,8 @@ import json
 import time
 from collections.abc import AsyncIterator
 
-from .keys import TERMINAL_STATUSES
-from .job_store import JobStore, StoredEvent
+from clm_trainer.jobs.job_store import JobStore, StoredEvent
+from clm_trainer.jobs.keys import TERMINAL_STATUSES
 
 SSE_KEEPALIVE_S = 15.0
 

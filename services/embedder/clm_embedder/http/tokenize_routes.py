@@ -14,12 +14,12 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from clm.encoders.tokenizer import TokenizerRefused
+from clm_embedder.inputs import chat_request, check_chat_template
+from clm_embedder.state import EmbedderState
 from clm_http.errors import InvalidRequest, MalformedRequest, NotSupported, ResourceNotFound
 
-from .inputs import chat_request, check_chat_template
 from .protocol import CHAT_FLAGS_CONFLICT
 from .routes import require_json
-from .state import EmbedderState
 
 router = APIRouter()
 

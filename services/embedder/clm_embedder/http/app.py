@@ -10,18 +10,17 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import clm
 from clm.encoders.base import ENCODER_DIGEST_HEADER
-
-from clm.encoders.base import EncoderInputError
+from clm_embedder.prometheus import EmbedderMetrics
+from clm_embedder.settings import EmbedderSettings
+from clm_embedder.state import EmbedderState
 from clm_http.api_key import APIKeyMiddleware, api_keys_from
-from clm_http.errors import InvalidRequest, answered_as, install_error_handlers
+from clm_http.errors import install_error_handlers
 from clm_http.limits import BodySizeLimitMiddleware
 from clm_http.prometheus import RequestMetricsMiddleware
 
-from .prometheus import EmbedderMetrics
+from .errors import EMBEDDER_ERRORS
 from .routes import router
 from .tokenize_routes import router as tokenize_router
-from .settings import EmbedderSettings
-from .state import EmbedderState
 
 
 class EncoderDigestMiddleware:
@@ -46,10 +45,6 @@ class EncoderDigestMiddleware:
 
         await self.app(scope, receive, send_with_digest)
 
-
-# A refused input is answered in the encoder's own words (vLLM's, for the vllm backend), as vLLM answers them:
-# a BadRequestError with param null, where other services name the input (``input.3``) as the core error does.
-EMBEDDER_ERRORS = {EncoderInputError: answered_as(InvalidRequest, words=lambda error: (error.detail, None))}
 
 GUARDED_PREFIXES = ("/v1", "/v2", "/inference", "/cohere", "/pooling", "/invocations", "/tokenize", "/detokenize")
 

@@ -18,7 +18,7 @@ Design (the simplest that survives crashes; see ``lua`` for the state machine):
 
 All of it lives in Redis, so a Redis with ``appendonly yes`` restarted at
 any moment loses no queued or running job; workers ride out the outage (see
-``worker``) and a job whose lease ran out meanwhile is simply reaped and
+``clm_trainer.worker``) and a job whose lease ran out meanwhile is simply reaped and
 resumed from its last epoch.
 """
 
@@ -31,10 +31,10 @@ from typing import Any
 import redis
 
 from clm.redis_connect import sync_client
+from clm_trainer.settings import TrainerSettings
 
 from . import lua
 from .keys import RedisKeys
-from .settings import TrainerSettings
 from .timeutil import now_iso
 
 

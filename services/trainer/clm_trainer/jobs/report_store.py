@@ -18,9 +18,9 @@ from pathlib import Path
 
 from clm.storage import NotFound, open_store
 from clm.storage.base import check_key
+from clm_trainer.settings import TrainerSettings
 
 from .job_config import report_dir
-from .settings import TrainerSettings
 
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"

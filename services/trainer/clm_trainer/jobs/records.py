@@ -1,8 +1,8 @@
-"""The jobs API's request and response shapes (what users of hosted fine-tuning APIs expect).
+"""A job as the service reports it (the jobs API answers it; what users of hosted fine-tuning APIs expect).
 
 A job object is built from its Redis hash by ``job_from_hash``; internal
 fields (the fencing token, the cancel flag, the request hash) never leave
-the service.
+the service. The API's own request and list shapes are ``clm_trainer.http.models``.
 """
 
 from __future__ import annotations
@@ -10,20 +10,10 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 JobPhase = Literal["embedding", "training", "evaluating", "publishing"]
-
-
-class JobCreate(BaseModel):
-    """``POST /jobs`` body: the recipe config (validated against the recipe's own models) and a name."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    config: dict[str, Any] = Field(description="A TrainCLMHeadsRecipe config (the YAML's content as JSON).")
-    name: str | None = Field(None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._ -]*$",
-                             description="Free label shown in job listings.")
 
 
 class JobError(BaseModel):
@@ -49,12 +39,6 @@ class Job(BaseModel):
     result: dict[str, Any] | None = Field(None, description="checkpoint {name, version, path, sha256}, report path, "
                                           "best_epoch, texts_embedded ...")
     config: dict[str, Any] = Field(description="The effective config the worker runs (service-owned paths filled in).")
-
-
-class JobList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[Job]
-    has_more: bool
 
 
 def _json_or(value: str | None, default: Any) -> Any:

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from clm_embedder.errors import vllm_parameter_error
 from clm_http.errors import InvalidRequest, MalformedRequest
 
 from .encodings import EmbedDType, EncodingFormat, Endianness
@@ -30,12 +31,6 @@ _SALT_BAD = "Parameter 'cache_salt' must be at most 128 characters and must not 
 CHAT_FLAGS_CONFLICT = "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
 _REMOVED_TASKS = {"score": "`score` task was removed; use `classify` instead.",
                   "encode": "`encode` task was removed; use `token_embed` or `token_classify` instead."}
-
-
-def vllm_parameter_error(message: str, parameter: str, value: Any = None) -> InvalidRequest:
-    """vLLM's ``VLLMValidationError``: a BadRequestError worded ``message (parameter=p[, value=v])``."""
-    extras = f"parameter={parameter}" + (f", value={value}" if value is not None else "")
-    return InvalidRequest(f"{message} ({extras})", param=parameter)
 
 
 def random_request_id() -> str:

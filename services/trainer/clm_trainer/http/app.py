@@ -13,10 +13,11 @@ from clm_http.errors import ServiceUnavailable, answered_as, install_error_handl
 from clm_http.limits import BodySizeLimitMiddleware
 from clm_http.prometheus import RequestMetricsMiddleware
 
+from clm_trainer.jobs.job_store import JobStore
+from clm_trainer.settings import TrainerSettings, redact_url
+
 from .prometheus import TrainerMetrics
 from .routes import router
-from .settings import TrainerSettings, redact_url
-from .job_store import JobStore
 
 
 def create_app(settings: TrainerSettings | None = None) -> FastAPI:
