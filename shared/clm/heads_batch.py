@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from clm.decision.batch import DecisionBatch, QuestionLogits, assemble_decision_batch
+from clm.decision.batch import DecisionBatch, QuestionIdentity, QuestionLogits, assemble_padded_batch
 from clm.decision.targets import DecisionTargets
 from clm.embedding_table import EmbeddingTable
 from clm.heads import CLMHeadPair
@@ -110,5 +110,13 @@ def score_batch(
     records: Sequence[EncodedRecord],
     targets: DecisionTargets,
 ) -> DecisionBatch:
-    """Head scores of ``records``, validated against ``targets`` and padded once."""
-    return assemble_decision_batch(forward_identified(heads, table, records, targets.device), targets)
+    """Head scores of ``records``, validated against ``targets`` and padded once.
+
+    The heads' padded ``[Q, O]`` scores are already in the supervision's row order, so they are checked and
+    padded as they are (``assemble_padded_batch``) rather than cut into questions first: the same batch as
+    ``assemble_decision_batch(forward_identified(...))`` with a one-kernel backward."""
+    inputs = clm_batch(table, records, targets.device)
+    logits = heads(inputs.state_embeddings, inputs.action_embeddings, option_index=inputs.option_index)
+    identities = [[QuestionIdentity(record.record_id, question.target.question_id, question.target.option_ids)
+                   for question in record.questions] for record in records]
+    return assemble_padded_batch(logits, identities, targets)
