@@ -10,32 +10,15 @@ playground.
 
 from __future__ import annotations
 
-import ast
 import subprocess
 import sys
 
 from clm_devtools.paths import REPO_ROOT
+from support.imports import imported_modules
 
 PACKAGE = REPO_ROOT / "services" / "serve" / "clm_serve"
 CORE = REPO_ROOT / "shared" / "clm"
 FORBIDDEN = ("fastapi", "starlette", "clm_serve", "clm_embedder", "clm_trainer", "clm_http")
-
-
-def imported_modules(source: str, module: str) -> list[str]:
-    """Every module a Python source imports (any form, at any depth; relative imports resolved against
-    ``module``, the dotted name of the source's module), in order."""
-    found = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            found += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parent = module.split(".")[: -node.level]
-                base = ".".join([*parent, *([base] if base else [])])
-            found.append(base)
-            found += [f"{base}.{alias.name}" for alias in node.names]  # `from clm_serve import http`
-    return found
 
 
 def forbidden(modules: list[str]) -> list[str]:

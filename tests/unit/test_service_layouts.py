@@ -12,7 +12,6 @@ work runs, and is tested, without a web framework, and an import of one cannot c
 
 from __future__ import annotations
 
-import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from clm_devtools.paths import REPO_ROOT
+from support.imports import imported_modules
 
 PACKAGES = {
     "clm_embedder": REPO_ROOT / "services" / "embedder" / "clm_embedder",
@@ -39,23 +39,6 @@ LOWER_LAYERS = {"clm_trainer.jobs": ("clm_trainer.worker", "clm_trainer.http"),
                 "clm_trainer.worker": ("clm_trainer.http",)}
 WEB_FRAMEWORKS = ("fastapi", "starlette", "uvicorn")
 ALLOWED_CLM_HTTP = ("clm_http", "clm_http.settings")  # the settings base every service's settings extend
-
-
-def imported_modules(source: str, module: str) -> list[str]:
-    """Every module a Python source imports (any form, at any depth; relative imports resolved against
-    ``module``, the dotted name of the source's module, ``pkg.__init__`` for a package), in order."""
-    found = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            found += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parent = module.split(".")[: -node.level]
-                base = ".".join([*parent, *([base] if base else [])])
-            found.append(base)
-            found += [f"{base}.{alias.name}" for alias in node.names]  # `from clm_embedder import http`
-    return found
 
 
 def within(name: str, prefixes) -> bool:
