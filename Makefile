@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 PYTEST := .venv/bin/pytest
 
-.PHONY: setup lock test test-compose lint-deploy test-fast test-faults demo bench-loss bench-embedder bench-trainer bench-local-encoder bench-serve bench-calibration bench-decision-log bench-promotion bench-scale bench-fleet clean
+.PHONY: setup lock test docs test-compose lint-deploy test-fast test-faults demo bench-loss bench-embedder bench-trainer bench-local-encoder bench-serve bench-calibration bench-decision-log bench-promotion bench-scale bench-fleet clean
 
 setup:
 	bash scripts/setup.sh
@@ -12,6 +12,9 @@ lock:  ## regenerate constraints/*.txt (the exact versions setup and the images 
 
 test:
 	$(PYTEST) -q tests
+
+docs:  ## the documentation site (MkDocs Material, mkdocs.yml) into var/site; --strict: a broken link or a page not in the nav fails (make test builds it too: tests/unit/test_docs_site.py)
+	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict -d var/site
 
 test-compose:  ## the CPU compose stack built and run for real (scripts/compose/run_stack_test.py)
 	$(PY) scripts/compose/run_stack_test.py

@@ -38,6 +38,9 @@ from clm.recipes.config import build_config
 from clm.recipes.train_clm_heads import TrainCLMHeadsRecipe
 from clm_devtools.synthetic import write_soc_triage_splits
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_results  # noqa: E402  (the last line; with --record, docs/benchmarks/results/ too)
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "decision" / "clm_soc_triage.yaml"
 BUNDLED = ROOT / "examples" / "data" / "soc_triage"
@@ -123,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", type=Path, default=None, help="keep the data, checkpoints and reports here")
     parser.add_argument("--cache-dir", type=Path, default=ROOT / "var" / "cache" / "bench-calibration",
                         help="embedding cache (kept: a second run embeds nothing)")
+    bench_results.record_argument(parser)
     args = parser.parse_args(argv)
     names = [name.strip() for name in args.datasets.split(",") if name.strip()]
     results = {}
@@ -133,8 +137,9 @@ def main(argv: list[str] | None = None) -> int:
             results[name] = run_one(name, data, work / name, args.cache_dir, args.epochs)
             print(f"{name}: {json.dumps(results[name])}", file=sys.stderr, flush=True)
     met = {name: all(result["targets"].values()) for name, result in results.items()}
-    print(json.dumps({"datasets": results, "targets_met": met, "records_per_split": args.records,
-                      "label_noise": args.label_noise, "epochs": args.epochs, "alpha": 0.1, "delta": 0.1}))
+    bench_results.emit("calibration", {"datasets": results, "targets_met": met, "records_per_split": args.records,
+                                       "label_noise": args.label_noise, "epochs": args.epochs, "alpha": 0.1,
+                                       "delta": 0.1}, record=args.record)
     return 0
 
 

@@ -36,6 +36,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_serve  # noqa: E402  (its requests, states and processes: one way to measure a clm-serve)
+import bench_results  # noqa: E402  (the last line; with --record, docs/benchmarks/results/ too)
 
 from clm.checkpoint import load_checkpoint  # noqa: E402
 from clm.contract.names import DEFAULT_MODEL  # noqa: E402
@@ -190,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--cache-dir", type=Path, default=ROOT / "var" / "cache" / "bench-calibration")
     parser.add_argument("--skip", default="", help="comma-separated parts to skip: serving, export, review")
+    bench_results.record_argument(parser)
     args = parser.parse_args(argv)
     skip = {part.strip() for part in args.skip.split(",") if part.strip()}
     result: dict = {}
@@ -208,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
                "export_decisions_per_s": result.get("export", {}).get("export_decisions_per_s"),
                "review_gain_vs_random": {name: {s: r["ratio"] for s, r in data["review_gain_vs_random"].items()}
                                          for name, data in result.get("review", {}).items()}}
-    print(json.dumps({**summary, **result}))
+    bench_results.emit("decision-log", {**summary, **result}, record=args.record)
     return 0
 
 

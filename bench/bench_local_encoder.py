@@ -22,7 +22,6 @@ non-embedding parameters x tokens/s (attention's own FLOPs not counted), against
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import shutil
 import sys
@@ -34,6 +33,9 @@ import torch
 
 from clm.encoders.local import LocalEncoder
 from clm_devtools.tiny_qwen3 import TinyQwen3Spec, build_tiny_qwen3
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_results  # noqa: E402  (the last line; with --record, docs/benchmarks/results/ too)
 
 SHAPES = {
     "8b": dict(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
@@ -112,6 +114,7 @@ def main() -> None:
     parser.add_argument("--budgets", default="16384:64,65536:256",
                         help="comma-separated token_budget:max_batch_texts pairs (the first is the backend's default)")
     parser.add_argument("--peak-bf16-tflops", type=float, default=None)
+    bench_results.record_argument(parser)
     args = parser.parse_args()
     budgets = [tuple(int(x) for x in pair.split(":")) for pair in args.budgets.split(",")]
     texts = make_texts(args.texts, args.words)
@@ -153,7 +156,7 @@ def main() -> None:
     if args.peak_bf16_tflops:
         summary["model_flops_utilisation"] = round(
             max(r["model_tflops_per_s"] for r in results) / args.peak_bf16_tflops, 3)
-    print(json.dumps(summary))
+    bench_results.emit("local-encoder", summary, record=args.record)
 
 
 if __name__ == "__main__":

@@ -17,15 +17,19 @@ printed is one JSON object; targets: ``vectorized_vs_loop >= 20`` and
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from clm.decision import IGNORE_INDEX, SCORE_TYPE, DecisionLossConfig, DecisionTargets
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_results  # noqa: E402  (the last line; with --record, docs/benchmarks/results/ too)
 
 #: The documented defaults (``DecisionLossConfig()``), so the bench times what a default run computes.
 DEFAULTS = DecisionLossConfig()
@@ -107,6 +111,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--loop-repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1 = stable timings)")
+    bench_results.record_argument(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -158,7 +163,7 @@ def main() -> None:
         "ce_only_vs_plain_cross_entropy": seconds["vectorized_ce_only"] / seconds["plain_cross_entropy"],
         "wall_seconds": {**wall, "loop": loop_wall["loop"]},
     }
-    print(json.dumps(result))
+    bench_results.emit("loss", result, record=args.record)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ A benchmark, not a test. Two measurements, the last line printed is one JSON obj
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -35,6 +34,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_serve  # noqa: E402  (its requests, states and processes: one way to measure a clm-serve)
+import bench_results  # noqa: E402  (the last line; with --record, docs/benchmarks/results/ too)
 
 from clm_devtools.procs import wait_until  # noqa: E402
 
@@ -127,6 +127,7 @@ def main() -> None:
     parser.add_argument("--horizon", type=int, default=5000, help="labels per stream")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=200, help="one-client rounds of the shadow latency comparison")
+    bench_results.record_argument(parser)
     args = parser.parse_args()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-promotion-") as folder:
@@ -137,11 +138,11 @@ def main() -> None:
     canary = [labels_to_rollback(args.seeds, args.horizon, share, 0.9, 0.8) for share in (0.5, 0.1)]
     for result in canary:
         print(f"canary: {result}", file=sys.stderr, flush=True)
-    print(json.dumps({"gate": gate, "canary_rollback": canary,
-                      "labels_to_roll_back_10_points_worse": canary[0]["median_labels"],
-                      "gate_seconds_on_golden_set": gate["total_s"],
-                      "shadow": shadow, "p50_shadow_on_vs_off": shadow["p50_shadow_on_vs_off"],
-                      "total_seconds": round(time.perf_counter() - started, 1)}), flush=True)
+    bench_results.emit("promotion", {"gate": gate, "canary_rollback": canary,
+                                     "labels_to_roll_back_10_points_worse": canary[0]["median_labels"],
+                                     "gate_seconds_on_golden_set": gate["total_s"],
+                                     "shadow": shadow, "p50_shadow_on_vs_off": shadow["p50_shadow_on_vs_off"],
+                                     "total_seconds": round(time.perf_counter() - started, 1)}, record=args.record)
 
 
 if __name__ == "__main__":

@@ -49,6 +49,9 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_results  # noqa: E402  (the last line; with --record, docs/benchmarks/results/ too)
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SIZES = (10_000, 100_000, 1_000_000)
 GENERATOR_CHUNK = 10_000
@@ -342,6 +345,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--one", type=Path, help=argparse.SUPPRESS)  # child: one size, prints its JSON
     parser.add_argument("--side-by-side", type=Path, nargs="+", help=argparse.SUPPRESS)  # child: the ratio
+    bench_results.record_argument(parser)
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     if args.one is not None:
@@ -384,7 +388,7 @@ def main() -> None:
         "total_seconds": round(time.perf_counter() - started, 1),
         "targets": TARGETS,
     }
-    print(json.dumps(summary), flush=True)
+    bench_results.emit("scale", summary, record=args.record)
 
 
 if __name__ == "__main__":
