@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import tempfile
 import time
@@ -40,6 +39,9 @@ from clm_devtools.tiny_qwen3 import TinyQwen3Spec, build_tiny_qwen3
 from clm_devtools.devstack import start_embedder
 from clm_devtools.procs import start_redis
 from clm_devtools.vllm_server import VLLMServer, VLLMServerConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_results  # noqa: E402  (the last line; with --record, docs/benchmarks/results/ too)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 VOCAB = ("alert user login failed from country firewall blocked port severity critical host process "
@@ -96,6 +98,7 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--threads-bind", default="0-1", help="VLLM_CPU_OMP_THREADS_BIND for the vLLM worker")
+    bench_results.record_argument(parser)
     args = parser.parse_args()
 
     model_dir = build_tiny_qwen3(REPO_ROOT / "var" / "models" / "qwen3-512x4",
@@ -113,10 +116,11 @@ def main() -> int:
         vllm.start(timeout_s=400)
         embedder = start_embedder(work / "logs", cache_dir=work / "cache", redis_url=redis_url,
                                   model=str(model_dir), backend="vllm",
-                                  extra_env={"CLM_EMBEDDER_VLLM_URL": vllm.base_url,
-                                             "CLM_EMBEDDER_POOLING": "last", "CLM_EMBEDDER_MAX_TOKENS": "512",
-                                             "CLM_EMBEDDER_VLLM_BATCH_SIZE": str(args.batch),
-                                             "CLM_EMBEDDER_VLLM_MAX_CONCURRENCY": str(args.concurrency)})
+                                  extra_env={"CLM_EMBEDDER_ENCODER_URL": vllm.base_url,
+                                             "CLM_EMBEDDER_ENCODER_POOLING": "last",
+                                             "CLM_EMBEDDER_ENCODER_MAX_TOKENS": "512",
+                                             "CLM_EMBEDDER_ENCODER_REMOTE_BATCH_TEXTS": str(args.batch),
+                                             "CLM_EMBEDDER_ENCODER_MAX_CONCURRENCY": str(args.concurrency)})
         asyncio.run(run_batches(vllm.base_url, warmup, 1, None))
         asyncio.run(run_batches(embedder.url, [make_texts(64, seed=98)], 1, None))
         print("direct...", file=sys.stderr)
@@ -150,7 +154,7 @@ def main() -> int:
         "disk_hit_vectors_per_s": round(n / disk_s, 1),
         "backend_texts_encoded": stats["backend_texts_encoded"],
     }
-    print(json.dumps(result))
+    bench_results.emit("embedder", result, record=args.record)
     return 0
 
 

@@ -1,7 +1,7 @@
 """One job's embedding rate over the raw rate of the same vLLM fleet (`make bench-fleet`).
 
 Starts, as real processes: two vLLM-CPU pooling replicas serving the tiny Qwen3 and one embedder (``vllm`` backend,
-``CLM_EMBEDDER_VLLM_URL`` naming both replicas, ``--per-replica`` requests of 256 texts in flight to
+``CLM_EMBEDDER_ENCODER_URL`` naming both replicas, ``--per-replica`` requests of 256 texts in flight to
 each, Redis off, a fresh disk cache). Then, in rounds, each round on texts never seen before (20-60
 words each, so no cache answers anything):
 
@@ -63,9 +63,13 @@ from clm_devtools.devstack import start_embedder
 from clm_devtools.tiny_qwen3 import build_tiny_qwen3
 from clm_devtools.vllm_server import VLLMServer, VLLMServerConfig
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_results  # noqa: E402  (the last line; with --record, docs/benchmarks/results/ too)
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MAX_TOKENS = 512
-REQUEST_TEXTS = 256  # texts per request to vLLM: the embedder's (CLM_EMBEDDER_VLLM_BATCH_SIZE default) and raw's
+# texts per request to vLLM: the embedder's (CLM_EMBEDDER_ENCODER_REMOTE_BATCH_TEXTS default) and raw's
+REQUEST_TEXTS = 256
 VOCAB = ("alert user login failed from country firewall blocked port severity critical host process "
          "powershell encoded parent winword outbound connection dns query domain rare beacon interval "
          "admin privilege escalation scheduled task backup service account password spray lateral "
@@ -171,7 +175,7 @@ def main() -> int:
                         help="distinct texts per side and round (well above the job's texts in flight)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--per-replica", type=int, default=4,
-                        help="requests in flight per replica: the embedder's CLM_EMBEDDER_VLLM_MAX_CONCURRENCY "
+                        help="requests in flight per replica: the embedder's CLM_EMBEDDER_ENCODER_MAX_CONCURRENCY "
                              "(its default) and the raw client's")
     parser.add_argument("--nice", type=int, default=0,
                         help="run the clients (this process: raw and job) and the embedder at this nice value, "
@@ -185,6 +189,7 @@ def main() -> int:
     parser.add_argument("--threads-bind", default=None,
                         help="VLLM_CPU_OMP_THREADS_BIND of the replicas, '/'-separated (one value: all share it); "
                              "default: the layout's")
+    bench_results.record_argument(parser)
     args = parser.parse_args()
 
     fleet_cores, front_cores = layout_cores(args.layout)
@@ -204,14 +209,14 @@ def main() -> int:
         os.sched_setaffinity(0, front_cores)  # the embedder (inherits it) and the clients (this process)
         embedder = start_embedder(work / "logs", cache_dir=work / "embedder-cache", redis_url="",
                                   model=str(model_dir), backend="vllm", pooling="last", max_tokens=MAX_TOKENS,
-                                  extra_env={"CLM_EMBEDDER_VLLM_URL": ",".join(urls),
-                                             "CLM_EMBEDDER_VLLM_BATCH_SIZE": str(REQUEST_TEXTS),
-                                             "CLM_EMBEDDER_VLLM_MAX_CONCURRENCY": str(args.per_replica)})
+                                  extra_env={"CLM_EMBEDDER_ENCODER_URL": ",".join(urls),
+                                             "CLM_EMBEDDER_ENCODER_REMOTE_BATCH_TEXTS": str(REQUEST_TEXTS),
+                                             "CLM_EMBEDDER_ENCODER_MAX_CONCURRENCY": str(args.per_replica)})
         if args.nice:
             os.setpriority(os.PRIO_PGRP, embedder.process.pid, args.nice)
             os.nice(args.nice)
         keys = {} if args.max_texts_in_flight is None else {"max_texts_in_flight": args.max_texts_in_flight}
-        section = EncoderConfig(backend="embedder", embedder_url=embedder.url, **keys)
+        section = EncoderConfig(backend="embedder", url=embedder.url, **keys)
         fingerprint, dim = fetch_remote_identity(embedder.url, 30.0)
         contract = EmbeddingContract(fingerprint, dim)
         asyncio.run(raw_rate(urls, make_texts(256, seed=990), 64, 1))  # warm-up: both paths, texts not reused
@@ -271,7 +276,7 @@ def main() -> int:
           f"job_vs_raw {result['job_vs_raw']} (median of rounds {result['job_vs_raw_median']}; target >= 0.9), "
           f"{result['texts_in_flight']} texts in flight",
           file=sys.stderr)
-    print(json.dumps(result))
+    bench_results.emit("fleet", result, record=args.record)
     return 0
 
 

@@ -53,7 +53,6 @@ stderr. The last line on stdout is one JSON object; targets:
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
@@ -72,6 +71,9 @@ from clm.recipes.config import RecipeConfig, load_config
 from clm.recipes.objectives import DecisionObjective
 from clm.recipes.train_clm_heads import TrainCLMHeadsRecipe
 from clm.records import load_records
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_results  # noqa: E402  (the last line; with --record, docs/benchmarks/results/ too)
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples/decision/clm_soc_triage.yaml"
@@ -347,7 +349,8 @@ def bench_embed(quick: int | None, workdir: Path) -> dict:
         "texts_embedded_cold": cold["texts_embedded"],
         "texts_embedded_warm": warm["texts_embedded"],
         "embed_records_per_split": quick or "all",
-        "encoder": {"model": cfg.encoder.model, "device": cfg.encoder.device, "batch_size": cfg.encoder.batch_size},
+        "encoder": {"model": cfg.encoder.model, "device": cfg.encoder.device,
+                    "local_batch_texts": cfg.encoder.local_batch_texts},
     }
 
 
@@ -370,6 +373,7 @@ def main() -> None:
     parser.add_argument("--no-compare-fused", dest="compare_fused", action="store_false",
                         help="skip the comparison run with the default foreach AdamW")
     parser.add_argument("--profile", action="store_true", help="torch.profiler table of the training step to stderr")
+    bench_results.record_argument(parser)
     args = parser.parse_args()
     default_threads = torch.get_num_threads()
     torch.set_num_threads(args.threads or default_threads)
@@ -420,7 +424,7 @@ def main() -> None:
         "training": training,
         **embed,
     }
-    print(json.dumps(result))
+    bench_results.emit("trainer", result, record=args.record)
 
 
 if __name__ == "__main__":

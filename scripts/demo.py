@@ -142,7 +142,7 @@ class Demo:
         config = {
             "mode": "train",
             "data": {split: str(data / f"{split}.jsonl") for split in ("train", "validation", "test")},
-            "encoder": {"backend": "embedder", "batch_size": 128, "concurrency": 2},
+            "encoder": {"backend": "embedder", "local_batch_texts": 128, "concurrency": 2},
             "heads": {"config": {"width": 2048, "projection_dim": 512}, "seed": 0},  # upstream's default shape
             "loss": {"mode": "sft", "label_smoothing": 0.05, "brier_weight": 0.25, "ordinal_weight": 0.5,
                      "kl_coef": 0.05, "anchor_weight": 0.1},

@@ -60,8 +60,9 @@ def start_embedder(log_dir: Path, *, cache_dir: Path, redis_url: str = "", port:
                    max_tokens: int = CPU_EXAMPLE_MAX_TOKENS, extra_env: dict[str, str] | None = None,
                    wait: bool = True) -> Service:
     port = port or free_port()
-    env = {"CLM_EMBEDDER_PORT": str(port), "CLM_EMBEDDER_MODEL": model, "CLM_EMBEDDER_BACKEND": backend,
-           "CLM_EMBEDDER_POOLING": pooling, "CLM_EMBEDDER_MAX_TOKENS": str(max_tokens),
+    env = {"CLM_EMBEDDER_PORT": str(port), "CLM_EMBEDDER_ENCODER_MODEL": model,
+           "CLM_EMBEDDER_ENCODER_BACKEND": backend, "CLM_EMBEDDER_ENCODER_POOLING": pooling,
+           "CLM_EMBEDDER_ENCODER_MAX_TOKENS": str(max_tokens),
            "CLM_EMBEDDER_REDIS_URL": redis_url, "CLM_EMBEDDER_DISK_CACHE_DIR": str(cache_dir),
            "CLM_EMBEDDER_DISK_CACHE_MAP_SIZE_GB": "1", **(extra_env or {})}
     return _start("embedder", [_script("clm-embedder")], env, log_dir, port, "/health" if wait else None)
@@ -87,7 +88,7 @@ def start_trainer_worker(log_dir: Path, *, redis_url: str, embedder_url: str, da
 
 def _trainer_env(redis_url: str, embedder_url: str, data_root: Path, checkpoint_root: Path,
                  work_root: Path) -> dict[str, str]:
-    return {"CLM_TRAINER_REDIS_URL": redis_url, "CLM_TRAINER_EMBEDDER_URL": embedder_url,
+    return {"CLM_TRAINER_REDIS_URL": redis_url, "CLM_TRAINER_ENCODER_URL": embedder_url,
             "CLM_TRAINER_DATA_ROOT": str(data_root), "CLM_TRAINER_CHECKPOINT_ROOT": str(checkpoint_root),
             "CLM_TRAINER_WORK_ROOT": str(work_root)}
 
@@ -96,7 +97,7 @@ def start_serve(log_dir: Path, *, checkpoint_root: Path, heads_name: str, embedd
                 port: int | None = None, extra_env: dict[str, str] | None = None) -> Service:
     port = port or free_port()
     env = {"CLM_SERVE_PORT": str(port), "CLM_SERVE_CHECKPOINT_ROOT": str(checkpoint_root),
-           "CLM_SERVE_HEADS_NAME": heads_name, "CLM_SERVE_EMBEDDER_URL": embedder_url,
+           "CLM_SERVE_HEADS_NAME": heads_name, "CLM_SERVE_ENCODER_URL": embedder_url,
            # the in-process encoder (no embedder_url): the CPU example's, unless extra_env names another
            "CLM_SERVE_ENCODER_MODEL": CPU_EXAMPLE_MODEL, "CLM_SERVE_ENCODER_POOLING": CPU_EXAMPLE_POOLING,
            "CLM_SERVE_ENCODER_MAX_TOKENS": str(CPU_EXAMPLE_MAX_TOKENS), **(extra_env or {})}

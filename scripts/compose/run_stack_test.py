@@ -120,7 +120,7 @@ class StackTest:
         config = {
             "mode": mode,
             "data": {split: f"{records}/{split}.jsonl" for split in ("train", "validation", "test")},
-            "encoder": {"backend": "embedder", "batch_size": 128, "concurrency": 2},
+            "encoder": {"backend": "embedder", "local_batch_texts": 128, "concurrency": 2},
             "heads": {"config": {"width": 128, "projection_dim": 64}, "seed": 0},
             "loss": {"mode": loss},
             "train": {"epochs": 2, "batch_size": 32, "lr": 3e-3, "seed": 0},

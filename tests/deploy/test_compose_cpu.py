@@ -79,9 +79,10 @@ def test_cpu_vllm_runs_the_production_pooling_command(cpu, production):
     assert cpu["services"]["vllm"]["entrypoint"] == ["python", "-m", "vllm.entrypoints.openai.api_server"]
     env = cpu["services"]["embedder"]["environment"]
     # the embedder's identity claims describe exactly what this vLLM serves
-    assert env["CLM_EMBEDDER_VLLM_MODEL"] == env["CLM_EMBEDDER_MODEL"] == flag_value(args, "--served-model-name")
-    assert env["CLM_EMBEDDER_DTYPE"] == flag_value(args, "--dtype")
-    assert int(env["CLM_EMBEDDER_MAX_TOKENS"]) <= int(flag_value(args, "--max-model-len"))
+    assert (env["CLM_EMBEDDER_ENCODER_SERVED_MODEL"] == env["CLM_EMBEDDER_ENCODER_MODEL"]
+            == flag_value(args, "--served-model-name"))
+    assert env["CLM_EMBEDDER_ENCODER_DTYPE"] == flag_value(args, "--dtype")
+    assert int(env["CLM_EMBEDDER_ENCODER_MAX_TOKENS"]) <= int(flag_value(args, "--max-model-len"))
     stage = dockerfile_stages()["vllm-cpu"]
     assert stage["user"] == "10001:10001"
     # the model the command serves is the one the image build makes

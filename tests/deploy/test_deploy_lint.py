@@ -37,7 +37,7 @@ def test_the_repository_passes(real, rule_name):
 def test_settings_env_names_include_aliases():
     names = settings_env_names(ServeSettings)
     assert {"CLM_CKPT", "CLM_SERVE_CKPT", "CLM_SERVE_PORT"} <= names
-    assert "CLM_EMBEDDER_VLLM_URL" in settings_env_names(EmbedderSettings)
+    assert "CLM_EMBEDDER_ENCODER_URL" in settings_env_names(EmbedderSettings)
     assert "CLM_TRAINER_API_TOKEN" in settings_env_names(TrainerSettings)
 
 
@@ -54,19 +54,20 @@ def test_the_command_reports_a_broken_copy_and_passes_a_clean_one(tmp_path, caps
     assert capsys.readouterr().out == ""
     compose = tmp_path / "docker-compose.yml"
     text = compose.read_text()
-    assert "CLM_EMBEDDER_VLLM_URL: http://vllm:8000" in text
-    compose.write_text(text.replace("CLM_EMBEDDER_VLLM_URL: http://vllm:8000", "CLM_EMBEDDER_VLLM_URL: http://vlm:8000"))
+    assert "CLM_EMBEDDER_ENCODER_URL: http://vllm:8000" in text
+    compose.write_text(text.replace("CLM_EMBEDDER_ENCODER_URL: http://vllm:8000",
+                                    "CLM_EMBEDDER_ENCODER_URL: http://vlm:8000"))
     assert main([str(tmp_path)]) == 1
     out = capsys.readouterr().out.splitlines()
     assert out == [
-        "docker-compose.yml: [compose-urls] services.embedder.environment.CLM_EMBEDDER_VLLM_URL: http://vlm:8000 "
+        "docker-compose.yml: [compose-urls] services.embedder.environment.CLM_EMBEDDER_ENCODER_URL: http://vlm:8000 "
         "names host 'vlm', which is not a defined service "
         "(['clm-serve', 'embedder', 'redis', 'trainer-api', 'trainer-worker', 'vllm'])",
         # the object-store variant has it too (one service more): reported on its file
-        "docker-compose.s3.yml: [compose-urls] services.embedder.environment.CLM_EMBEDDER_VLLM_URL: http://vlm:8000 "
+        "docker-compose.s3.yml: [compose-urls] services.embedder.environment.CLM_EMBEDDER_ENCODER_URL: http://vlm:8000 "
         "names host 'vlm', which is not a defined service "
         "(['clm-serve', 'embedder', 'redis', 'seaweedfs', 'trainer-api', 'trainer-worker', 'vllm'])",
-        "docker-compose.yml: [compose-production-services] services.embedder.environment.CLM_EMBEDDER_VLLM_URL="
+        "docker-compose.yml: [compose-production-services] services.embedder.environment.CLM_EMBEDDER_ENCODER_URL="
         "'http://vlm:8000', expected 'http://vllm:8000'",
     ]
 

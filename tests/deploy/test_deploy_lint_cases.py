@@ -90,12 +90,12 @@ def redis_image_without_default(files):
     svc(files, "redis")["image"] = "${CLM_REDIS_IMAGE}"
 
 
-@case("compose-urls", COMPOSE, "CLM_EMBEDDER_VLLM_URL: http://vlm:8000 names host 'vlm'", "port 9999",
-      "services.clm-serve.environment.CLM_SERVE_EMBEDDER_URL: http://127.0.0.1:8001 points at the container itself")
+@case("compose-urls", COMPOSE, "CLM_EMBEDDER_ENCODER_URL: http://vlm:8000 names host 'vlm'", "port 9999",
+      "services.clm-serve.environment.CLM_SERVE_ENCODER_URL: http://127.0.0.1:8001 points at the container itself")
 def dangling_urls(files):
-    env(files, "embedder")["CLM_EMBEDDER_VLLM_URL"] = "http://vlm:8000"
-    env(files, "trainer-worker")["CLM_TRAINER_EMBEDDER_URL"] = "http://embedder:9999"
-    env(files, "clm-serve")["CLM_SERVE_EMBEDDER_URL"] = "http://127.0.0.1:8001"
+    env(files, "embedder")["CLM_EMBEDDER_ENCODER_URL"] = "http://vlm:8000"
+    env(files, "trainer-worker")["CLM_TRAINER_ENCODER_URL"] = "http://embedder:9999"
+    env(files, "clm-serve")["CLM_SERVE_ENCODER_URL"] = "http://127.0.0.1:8001"
 
 
 @case("compose-volumes", COMPOSE, "services.trainer-api.volumes: named volume 'ghost-volume' is not declared",
@@ -128,7 +128,7 @@ def no_image(files):
       "services.embedder: EmbedderSettings rejects its environment", "CLM_SERVE_TOKEN is not a field of ServeSettings",
       "services.trainer-api: listens on 127.0.0.1")
 def bad_settings(files):
-    env(files, "embedder").update(CLM_EMBEDDER_VLLM_ULR="http://vllm:8000", CLM_EMBEDDER_BACKEND="vlm")
+    env(files, "embedder").update(CLM_EMBEDDER_VLLM_ULR="http://vllm:8000", CLM_EMBEDDER_ENCODER_BACKEND="vlm")
     env(files, "trainer-api")["CLM_TRAINER_HOST"] = "127.0.0.1"
     env(files, "clm-serve")["CLM_SERVE_TOKEN"] = "x"
 
@@ -169,10 +169,10 @@ def vllm_not_a_pooling_server(files):
     vllm["deploy"]["resources"]["reservations"]["devices"][0]["count"] = 4
 
 
-@case("compose-encoder-identity", COMPOSE, "services.embedder.environment.CLM_EMBEDDER_MODEL='other/model', "
-      "but vllm serves 'Qwen/Qwen3-8B'", "CLM_EMBEDDER_MAX_TOKENS exceeds vllm --max-model-len")
+@case("compose-encoder-identity", COMPOSE, "services.embedder.environment.CLM_EMBEDDER_ENCODER_MODEL='other/model', "
+      "but vllm serves 'Qwen/Qwen3-8B'", "CLM_EMBEDDER_ENCODER_MAX_TOKENS exceeds vllm --max-model-len")
 def embedder_claims_another_encoder(files):
-    env(files, "embedder").update(CLM_EMBEDDER_MODEL="other/model", CLM_EMBEDDER_MAX_TOKENS="100000")
+    env(files, "embedder").update(CLM_EMBEDDER_ENCODER_MODEL="other/model", CLM_EMBEDDER_ENCODER_MAX_TOKENS="100000")
 
 
 @case("compose-production-services", COMPOSE, "services.redis: no --appendonly yes",
@@ -282,11 +282,12 @@ def unknown_namespace(files):
     obj(files, "Service", "clm-serve")["metadata"]["namespace"] = "clm-prod"
 
 
-@case("k8s-urls", CONFIG, "ConfigMap/trainer-config.CLM_TRAINER_EMBEDDER_URL: http://embedder-svc:8001 names host 'embedder-svc'",
+@case("k8s-urls", CONFIG, "ConfigMap/trainer-config.CLM_TRAINER_ENCODER_URL: http://embedder-svc:8001 names host 'embedder-svc'",
       "http://embedder.clm.svc.cluster.local:8002 uses port 8002, but embedder exposes [8001]")
 def dangling_k8s_urls(files):
-    obj(files, "ConfigMap", "trainer-config")["data"]["CLM_TRAINER_EMBEDDER_URL"] = "http://embedder-svc:8001"
-    obj(files, "ConfigMap", "serve-config")["data"]["CLM_SERVE_EMBEDDER_URL"] = "http://embedder.clm.svc.cluster.local:8002"
+    obj(files, "ConfigMap", "trainer-config")["data"]["CLM_TRAINER_ENCODER_URL"] = "http://embedder-svc:8001"
+    serve_config = obj(files, "ConfigMap", "serve-config")["data"]
+    serve_config["CLM_SERVE_ENCODER_URL"] = "http://embedder.clm.svc.cluster.local:8002"
 
 
 @case("k8s-workload-selectors", REDIS, "StatefulSet/redis: selector does not match its pod template labels",
@@ -383,9 +384,9 @@ def vllm_generates(files):
     vllm["resources"]["limits"]["nvidia.com/gpu"] = 4
 
 
-@case("k8s-encoder-identity", CONFIG, "ConfigMap/embedder-config.CLM_EMBEDDER_DTYPE='float32', but vllm serves 'bfloat16'")
+@case("k8s-encoder-identity", CONFIG, "ConfigMap/embedder-config.CLM_EMBEDDER_ENCODER_DTYPE='float32', but vllm serves 'bfloat16'")
 def embedder_claims_another_dtype(files):
-    obj(files, "ConfigMap", "embedder-config")["data"]["CLM_EMBEDDER_DTYPE"] = "float32"
+    obj(files, "ConfigMap", "embedder-config")["data"]["CLM_EMBEDDER_ENCODER_DTYPE"] = "float32"
 
 
 @case("k8s-production-objects", "k8s/20-storage.yaml", "PersistentVolumeClaim/clm-data: accessModes is not [ReadWriteMany]")

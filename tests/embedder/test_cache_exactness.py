@@ -35,7 +35,8 @@ def clients(tiny_qwen3_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("exactness")
 
     def settings_for(name: str) -> EmbedderSettings:
-        return EmbedderSettings(model=str(tiny_qwen3_dir), pooling="last", max_tokens=MAX_TOKENS, redis_url="",
+        return EmbedderSettings(encoder_model=str(tiny_qwen3_dir), encoder_pooling="last",
+                                encoder_max_tokens=MAX_TOKENS, redis_url="",
                                 disk_cache_dir=root / name, cache_dtype="float16", coalesce_window_ms=0)
 
     with TestClient(create_app(settings_for("cached"))) as cached, \

@@ -217,10 +217,11 @@ def test_long_documents_equal_vllms_and_both_refuse_them_without_truncation(embe
 def test_a_vllm_backed_embedder_cuts_long_documents_as_vllm(vllm_server, tiny_qwen3_dir, tmp_path, hub_name):
     """The vllm backend passes the truncation on; with a hub name its tokenizer is vLLM's /tokenize, which
     must count the long document too."""
-    env = {"CLM_EMBEDDER_VLLM_URL": vllm_server.base_url, "CLM_EMBEDDER_CACHE_DTYPE": "float32"}
+    env = {"CLM_EMBEDDER_ENCODER_URL": vllm_server.base_url, "CLM_EMBEDDER_CACHE_DTYPE": "float32"}
     model = str(tiny_qwen3_dir)
     if hub_name:  # vllm_server serves the model under its resolved path, with no --served-model-name
-        env |= {"CLM_EMBEDDER_VLLM_MODEL": str(tiny_qwen3_dir.resolve()), "CLM_EMBEDDER_WEIGHTS_ID": "long-hub"}
+        env |= {"CLM_EMBEDDER_ENCODER_SERVED_MODEL": str(tiny_qwen3_dir.resolve()),
+                "CLM_EMBEDDER_ENCODER_WEIGHTS_ID": "long-hub"}
         model = "long-inputs/tiny-qwen3"
     service = start_embedder(tmp_path / "logs", cache_dir=tmp_path / "cache", model=model, backend="vllm",
                              pooling="last", max_tokens=MAX_TOKENS, extra_env=env)

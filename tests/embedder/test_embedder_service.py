@@ -199,7 +199,7 @@ def test_saturation_answers_503_with_retry_after(embedder_factory):
     request that a stand-in vLLM server keeps until the test releases it, so it is certainly in flight
     while the others arrive (the tiny local model would answer it in a moment)."""
     with HeldVLLM(dim=128) as held:
-        service = embedder_factory(max_in_flight_requests=1, backend="vllm", vllm_url=held.url)
+        service = embedder_factory(max_in_flight_requests=1, encoder_backend="vllm", encoder_url=held.url)
 
         async def burst():
             async with httpx.AsyncClient(base_url=service.url, timeout=120) as client:
@@ -276,10 +276,10 @@ def test_an_api_key_guards_every_route_that_encodes_and_its_clients_send_it(embe
 
 
 def test_the_vllm_backend_sends_its_key_to_a_vllm_started_with_one(embedder_factory):
-    """CLM_EMBEDDER_VLLM_API_KEY: a bearer token on every request to vLLM (its --api-key), the width probe
+    """CLM_EMBEDDER_ENCODER_API_KEY: a bearer token on every request to vLLM (its --api-key), the width probe
     included; the embedder's own key is another setting."""
     with HeldVLLM(dim=128) as held:  # the tiny Qwen3's width
         held.release.set()
-        service = embedder_factory(backend="vllm", vllm_url=held.url, vllm_api_key="vllm-secret")
+        service = embedder_factory(encoder_backend="vllm", encoder_url=held.url, encoder_api_key="vllm-secret")
         assert embed(service.url, ["a text for a keyed vLLM"]).status_code == 200
     assert held.authorizations and set(held.authorizations) == {"Bearer vllm-secret"}

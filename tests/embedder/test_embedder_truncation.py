@@ -173,7 +173,7 @@ def test_truncated_vectors_token_counts_errors_and_shape_equal_vllms(embedder, v
 def test_a_vllm_backed_embedder_passes_the_truncation_to_vllm(vllm_server, tiny_qwen3_dir, tmp_path):
     service = start_embedder(tmp_path / "logs", cache_dir=tmp_path / "cache", model=str(tiny_qwen3_dir),
                              backend="vllm", pooling="last", max_tokens=MAX_TOKENS,
-                             extra_env={"CLM_EMBEDDER_VLLM_URL": vllm_server.base_url,
+                             extra_env={"CLM_EMBEDDER_ENCODER_URL": vllm_server.base_url,
                                         "CLM_EMBEDDER_CACHE_DTYPE": "float32"})
     try:
         short, long = "vllm backend short text", "backend " + LONG

@@ -18,9 +18,9 @@ pytestmark = pytest.mark.vllm
 def start_vllm_embedder(tmp_path, tiny_qwen3_dir, vllm_server, redis_url, **extra_env):
     return start_embedder(tmp_path / "logs", cache_dir=tmp_path / "cache", redis_url=redis_url,
                           model=str(tiny_qwen3_dir), backend="vllm",
-                          extra_env={"CLM_EMBEDDER_VLLM_URL": vllm_server.base_url,
-                                     "CLM_EMBEDDER_POOLING": "last", "CLM_EMBEDDER_MAX_TOKENS": "512",
-                                     "CLM_EMBEDDER_VLLM_RETRIES": "2", "CLM_EMBEDDER_VLLM_TIMEOUT_S": "20",
+                          extra_env={"CLM_EMBEDDER_ENCODER_URL": vllm_server.base_url,
+                                     "CLM_EMBEDDER_ENCODER_POOLING": "last", "CLM_EMBEDDER_ENCODER_MAX_TOKENS": "512",
+                                     "CLM_EMBEDDER_ENCODER_RETRIES": "2", "CLM_EMBEDDER_ENCODER_TIMEOUT_S": "20",
                                      **extra_env})
 
 
@@ -37,8 +37,8 @@ def one_call_vllm_embedder(tmp_path, tiny_qwen3_dir, vllm_server, redis_url):
     encoder call (split into several HTTP requests to vLLM), which succeeds or fails as a whole. Its vLLM
     timeout is only an upper bound (a crash is a refused connection, not a timeout)."""
     service = start_vllm_embedder(tmp_path, tiny_qwen3_dir, vllm_server, redis_url,
-                                  CLM_EMBEDDER_VLLM_BATCH_SIZE="1024", CLM_EMBEDDER_MAX_INPUTS_PER_REQUEST="1024",
-                                  CLM_EMBEDDER_VLLM_TIMEOUT_S="120")
+                                  CLM_EMBEDDER_ENCODER_REMOTE_BATCH_TEXTS="1024",
+                                  CLM_EMBEDDER_MAX_INPUTS_PER_REQUEST="1024", CLM_EMBEDDER_ENCODER_TIMEOUT_S="120")
     yield service
     service.stop()
 
@@ -148,8 +148,8 @@ def test_the_embedder_spreads_its_batches_over_every_vllm_replica(tmp_path, tiny
     """Two replica URLs (the one real vLLM, as 127.0.0.1 and as localhost: the client sees two servers): both
     are identified, both get batches, /health reports each, and the vectors are the encoder's."""
     both = f"{vllm_server.base_url},http://localhost:{vllm_server.port}"
-    service = start_vllm_embedder(tmp_path, tiny_qwen3_dir, vllm_server, redis_url, CLM_EMBEDDER_VLLM_URL=both,
-                                  CLM_EMBEDDER_VLLM_BATCH_SIZE="8", CLM_EMBEDDER_VLLM_MAX_CONCURRENCY="2")
+    service = start_vllm_embedder(tmp_path, tiny_qwen3_dir, vllm_server, redis_url, CLM_EMBEDDER_ENCODER_URL=both,
+                                  CLM_EMBEDDER_ENCODER_REMOTE_BATCH_TEXTS="8", CLM_EMBEDDER_ENCODER_MAX_CONCURRENCY="2")
     try:
         texts = [f"alert {i}: outbound connection to rare domain {i % 11}" for i in range(96)]
         response = post(service.url, texts)
@@ -174,7 +174,7 @@ def test_vllm_replicas_that_serve_different_models_refuse_to_start(tmp_path, tin
     try:
         with pytest.raises(RuntimeError, match="exited") as refused:
             start_vllm_embedder(tmp_path, tiny_qwen3_dir, vllm_server, "",
-                                CLM_EMBEDDER_VLLM_URL=f"{vllm_server.base_url},{other.url}")
+                                CLM_EMBEDDER_ENCODER_URL=f"{vllm_server.base_url},{other.url}")
     finally:
         other.stop()
     assert f"vLLM replicas differ: {other.url} serves another model than {vllm_server.base_url}" in str(refused.value)

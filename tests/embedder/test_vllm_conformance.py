@@ -3,7 +3,7 @@
 Every case runs against three targets, the ids reading ``test_x[vllm]``, ``test_x[embedder-local]`` and
 ``test_x[embedder-vllm]``: the real vLLM server (the session ``vllm_server``: the tiny Qwen3, last pooling,
 ``--max-model-len 512``), and our embedder with its local backend and with its vllm backend, both serving
-the same tiny Qwen3 under vLLM's served name with ``CLM_EMBEDDER_MAX_TOKENS=512``. The ``vllm`` target
+the same tiny Qwen3 under vLLM's served name with ``CLM_EMBEDDER_ENCODER_MAX_TOKENS=512``. The ``vllm`` target
 passing proves that a case states vLLM's real behaviour; the embedder targets must then match it.
 
 The properties are vLLM's own tests rewritten without model constants (the "P" numbers of the issue-21

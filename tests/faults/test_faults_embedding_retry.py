@@ -2,7 +2,7 @@
 
 ``clm.encoders.retrying.RetryingEncoder`` (what the recipe's embed phase sends
 remote batches through) retries an outage with jittered exponential backoff for
-up to ``encoder.retry_s`` and announces each retry; the trainer's progress reporter never throttles such an announcement.
+up to ``encoder.identity_retry_s`` and announces each retry; the trainer's progress reporter never throttles such an announcement.
 The real-process version of this is ``test_faults_stack``'s embedder crash.
 """
 
@@ -40,7 +40,8 @@ class FlakyBackend:
 
 
 def run(backend: FlakyBackend, policy: RetryPolicy, notices: list) -> np.ndarray:
-    encoder = RetryingEncoder(backend, policy, lambda m, n: notices.append((m, n)), budget_name="encoder.retry_s")
+    encoder = RetryingEncoder(backend, policy, lambda m, n: notices.append((m, n)),
+                              budget_name="encoder.identity_retry_s")
     return asyncio.run(encoder.encode(["a", "b"])).vectors
 
 
@@ -62,7 +63,7 @@ def test_outage_shorter_than_the_budget_is_waited_out(fault_report):
 
 
 def test_outage_longer_than_the_budget_fails_with_a_clear_error(fault_report):
-    """Embedder down longer than encoder.retry_s: the batch gives up in bounded time, naming the budget."""
+    """Embedder down longer than encoder.identity_retry_s: the batch gives up in bounded time, naming the budget."""
     notices: list = []
     started = time.monotonic()
     with pytest.raises(EncoderError) as caught:
@@ -72,13 +73,13 @@ def test_outage_longer_than_the_budget_fails_with_a_clear_error(fault_report):
     fault_report.check("gave up after (s)", round(elapsed, 2))
     fault_report.check("retries announced", len(notices))
     assert elapsed < 1.5
-    assert "encoder.retry_s=0.5" in message and "refused the connection" in message
+    assert "encoder.identity_retry_s=0.5" in message and "refused the connection" in message
     assert notices and all(m.startswith("embedder unavailable (") and " in " in m for m, _ in notices)
     assert isinstance(caught.value, EncoderUnavailable) and f"after {len(notices) + 1} attempts" in message
 
 
 def test_refused_input_and_zero_budget_are_not_retried(fault_report):
-    """A refused input (4xx) or a bad answer is never retried; encoder.retry_s=0 fails at the first outage."""
+    """A refused input (4xx) or a bad answer is never retried; encoder.identity_retry_s=0 fails at the first outage."""
     notices: list = []
     refused = FlakyBackend(outages=1, error=EncoderInputError(1, "too long", 400))
     with pytest.raises(EncoderInputError):
@@ -92,7 +93,7 @@ def test_refused_input_and_zero_budget_are_not_retried(fault_report):
     fault_report.check("calls for a refused input", refused.calls)
     fault_report.check("calls with budget 0", down.calls)
     assert refused.calls == 1 and garbled.calls == 1 and down.calls == 1 and notices == []
-    assert build_config({"data": {"train": "t.jsonl", "validation": "v.jsonl"}}).encoder.retry_s == 300
+    assert build_config({"data": {"train": "t.jsonl", "validation": "v.jsonl"}}).encoder.identity_retry_s == 300
 
 
 def test_retry_events_are_never_throttled(fault_report):

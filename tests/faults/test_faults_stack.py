@@ -111,7 +111,7 @@ def embedder_gate(embedder):
 @pytest.fixture(scope="module")
 def stack(root, redis_aof, ckpt_fs, embedder_gate, tiny_qwen3_dir):
     yield from TrainerStack(root, redis_aof.db(1), tiny_qwen3_dir.parent,
-                            extra_env={"CLM_TRAINER_EMBEDDER_URL": embedder_gate.url, **LEASE_ENV}).started()
+                            extra_env={"CLM_TRAINER_ENCODER_URL": embedder_gate.url, **LEASE_ENV}).started()
 
 
 @pytest.fixture(scope="module")

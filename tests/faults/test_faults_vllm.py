@@ -46,14 +46,15 @@ def root(tmp_path_factory) -> Path:
 def stack(root, tiny_qwen3_dir, vllm_server):
     redis_process, redis_url = start_redis(root / "redis")
     embedder = Embedder(root / "logs", root / "embedder-cache", model=tiny_qwen3_dir, backend="vllm",
-                        extra_env={"CLM_EMBEDDER_VLLM_URL": vllm_server.base_url, "CLM_EMBEDDER_POOLING": "last",
-                                   "CLM_EMBEDDER_MAX_TOKENS": "512", "CLM_EMBEDDER_VLLM_TIMEOUT_S": "20",
+                        extra_env={"CLM_EMBEDDER_ENCODER_URL": vllm_server.base_url,
+                                   "CLM_EMBEDDER_ENCODER_POOLING": "last",
+                                   "CLM_EMBEDDER_ENCODER_MAX_TOKENS": "512", "CLM_EMBEDDER_ENCODER_TIMEOUT_S": "20",
                                    "CLM_EMBEDDER_COALESCE_WINDOW_MS": "400"})
     stack = TrainerStack(root, redis_url, tiny_qwen3_dir.parent,
                          extra_env={"CLM_TRAINER_LEASE_S": "4", "CLM_TRAINER_HEARTBEAT_S": "1"})
     try:
         embedder.start()
-        stack.extra_env["CLM_TRAINER_EMBEDDER_URL"] = embedder.url
+        stack.extra_env["CLM_TRAINER_ENCODER_URL"] = embedder.url
         stack.start_api()
         stack.start_worker("w-a")
         yield stack, embedder

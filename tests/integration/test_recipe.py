@@ -324,10 +324,11 @@ def test_remote_embedding_through_the_embedder_service_matches_local(base_config
     from clm_devtools.devstack import start_embedder
 
     embedder = start_embedder(tmp_path / "logs", cache_dir=tmp_path / "embedder-cache", model=str(tiny_qwen3_dir),
-                              extra_env={"CLM_EMBEDDER_POOLING": "last", "CLM_EMBEDDER_MAX_TOKENS": "128"})
+                              extra_env={"CLM_EMBEDDER_ENCODER_POOLING": "last",
+                                         "CLM_EMBEDDER_ENCODER_MAX_TOKENS": "128"})
     try:
         remote_config = json.loads(json.dumps(base_config))
-        remote_config["encoder"] = {"backend": "embedder", "embedder_url": embedder.url}
+        remote_config["encoder"] = {"backend": "embedder", "url": embedder.url}
         remote_config["cache"]["dir"] = str(tmp_path / "remote-cache")
         remote_config["output"]["name"] = "remote"
         remote = run(remote_config)
@@ -346,7 +347,7 @@ def test_remote_embedding_through_the_embedder_service_matches_local(base_config
 
 
 def test_a_job_starting_while_the_embedder_is_down_waits_for_it(tiny_qwen3_dir, tmp_path):
-    """The identity lookup at setup retries (encoder.retry_s) instead of failing the job at once."""
+    """The identity lookup at setup retries (encoder.identity_retry_s) instead of failing the job at once."""
     import threading
 
     from clm.encoders.spec import EmbedderUnreachable, fetch_remote_identity
@@ -370,7 +371,7 @@ def test_a_job_starting_while_the_embedder_is_down_waits_for_it(tiny_qwen3_dir, 
         if first_retry.wait(timeout=120):
             started["service"] = start_embedder(tmp_path / "logs", cache_dir=tmp_path / "cache",
                                                 model=str(tiny_qwen3_dir), port=port,
-                                                extra_env={"CLM_EMBEDDER_POOLING": "last"})
+                                                extra_env={"CLM_EMBEDDER_ENCODER_POOLING": "last"})
 
     thread = threading.Thread(target=start_after_the_first_retry)
     thread.start()

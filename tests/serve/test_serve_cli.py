@@ -54,7 +54,7 @@ def test_no_flags_no_overrides_and_the_defaults_of_today(settings):
     assert parse_command_line([], {}).overrides == {}
     assert settings([]) == ServeSettings()
     defaults = ServeSettings()
-    assert (defaults.host, defaults.port, defaults.embedder_url, defaults.embedder_model) == ("127.0.0.1", 8003, "", "")
+    assert (defaults.host, defaults.port, defaults.encoder_url, defaults.embedder_model) == ("127.0.0.1", 8003, "", "")
     assert (defaults.encoder_device, defaults.action_cache_max_entries, defaults.playground) == ("cpu", 200_000, True)
 
 
@@ -65,7 +65,7 @@ def test_every_flag_maps_onto_its_setting(tmp_path, settings):
             "--device", "cuda:1", "--action-cache", "512MiB", "--no-download", "--no-ui", "--cors"]
     got = settings(argv)
     assert (got.host, got.port) == ("0.0.0.0", 8700)
-    assert got.embedder_url == "http://emb:8090" and got.embedder_model == "qwen3-8b"
+    assert got.encoder_url == "http://emb:8090" and got.embedder_model == "qwen3-8b"
     assert got.encoder_max_tokens == 1024 and got.encoder_device == "cuda:1"
     assert got.ckpt == tmp_path / "CLM_v0.1-8B.pt" and got.ckpt_dir == tmp_path / "heads"
     assert got.models == [f"a={tmp_path}/a.pt", f"b={tmp_path}/b"]
@@ -93,13 +93,13 @@ def test_no_download_is_accepted_and_changes_nothing():
     ("", ""),
 ])
 def test_the_embedder_url_is_the_base_url_however_it_is_given(given, base, settings):
-    assert settings(["--emb-url", given]).embedder_url == base
-    assert settings([], {"CLM_EMB_URL": given}).embedder_url == base
-    assert ServeSettings(embedder_url=given).embedder_url == base
+    assert settings(["--emb-url", given]).encoder_url == base
+    assert settings([], {"CLM_EMB_URL": given}).encoder_url == base
+    assert ServeSettings(encoder_url=given).encoder_url == base
 
 
 def test_an_empty_emb_url_means_the_in_process_encoder(settings):
-    spec = settings(["--emb-url", ""], {"CLM_SERVE_EMBEDDER_URL": "http://elsewhere:1"}).encoder_spec()
+    spec = settings(["--emb-url", ""], {"CLM_SERVE_ENCODER_URL": "http://elsewhere:1"}).encoder_spec()
     assert spec.backend == "local"
     assert settings(["--emb-url", "http://emb:8090/v1/embeddings"]).encoder_spec().url == "http://emb:8090"
 
@@ -107,8 +107,8 @@ def test_an_empty_emb_url_means_the_in_process_encoder(settings):
 # field, then (variable, value, parsed) for upstream's name, ours, and the flag
 PRECEDENCE = [
     ("port", ("CLM_PORT", "8700", 8700), ("CLM_SERVE_PORT", "9001", 9001), ("--port", "8801", 8801)),
-    ("embedder_url", ("CLM_EMB_URL", "http://emb:8090/v1/embeddings", "http://emb:8090"),
-     ("CLM_SERVE_EMBEDDER_URL", "http://ours:1", "http://ours:1"),
+    ("encoder_url", ("CLM_EMB_URL", "http://emb:8090/v1/embeddings", "http://emb:8090"),
+     ("CLM_SERVE_ENCODER_URL", "http://ours:1", "http://ours:1"),
      ("--emb-url", "http://flag:2/v1/embeddings", "http://flag:2")),
     ("embedder_model", ("CLM_EMB_MODEL", "qwen3-8b", "qwen3-8b"), ("CLM_SERVE_EMBEDDER_MODEL", "ours", "ours"),
      ("--emb-model", "flag", "flag")),
@@ -273,7 +273,7 @@ def test_a_real_clm_serve_started_with_upstreams_flags(tmp_path, tiny_qwen3_dir,
     args = [str(script), "--ckpt", str(heads_file), "--port", str(port), "--host", "127.0.0.1", "--no-ui", "--cors",
             "--max-tokens", str(MAX_TOKENS), "--no-download", "--emb-model", "qwen3-8b", "--action-cache", "64MiB"]
     env = {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "CLM_SERVE_ENCODER_MODEL": str(tiny_qwen3_dir), "CLM_SERVE_EMBEDDER_URL": "",  # the in-process encoder
+           "CLM_SERVE_ENCODER_MODEL": str(tiny_qwen3_dir), "CLM_SERVE_ENCODER_URL": "",  # the in-process encoder
            "CLM_SERVE_CHECKPOINT_ROOT": str(tmp_path / "empty-root"),
            "CLM_PORT": str(decoy), "CLM_SERVE_PLAYGROUND": "true", "CLM_SERVE_CORS_ORIGINS": ""}
     process = ManagedProcess(f"clm-serve:{port}", args, tmp_path / "clm-serve.log", env=env).start()

@@ -129,7 +129,7 @@ def test_embedder_restarted_with_another_model_under_load(tmp_path, tiny_qwen3_d
             wait_for(lambda: len(load.results) >= 20, 60, "load on clm-serve")
             swapped_at = time.monotonic()
             embedder.stop()
-            embedder.env["CLM_EMBEDDER_MODEL"] = str(other_tiny_qwen3_dir)
+            embedder.env["CLM_EMBEDDER_ENCODER_MODEL"] = str(other_tiny_qwen3_dir)
             embedder.start()
             digest_b, _ = identity(embedder.url)
             assert digest_b != digest_a
@@ -156,7 +156,7 @@ def test_embedder_restarted_with_another_model_under_load(tmp_path, tiny_qwen3_d
             assert during_b and all(status == 503 for _, _, status, _ in during_b), during_b[:3]
 
             embedder.stop()
-            embedder.env["CLM_EMBEDDER_MODEL"] = str(tiny_qwen3_dir)
+            embedder.env["CLM_EMBEDDER_ENCODER_MODEL"] = str(tiny_qwen3_dir)
             embedder.start()
             back_at = time.monotonic()
             wait_for(lambda: any(status == 200 for _, _, status, _ in load.since(back_at)), 60,

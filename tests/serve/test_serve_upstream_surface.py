@@ -52,7 +52,7 @@ async def test_model_names_default_alias_raw_and_unknown(tmp_path, tiny_qwen3_di
 
 async def test_clm_raw_is_100_times_the_cosine_of_the_raw_vectors(tmp_path, tiny_qwen3_dir, tiny_encoder, fingerprint):
     publish(tmp_path / "checkpoints", 1, fingerprint)
-    settings = serve_settings(tmp_path, tiny_qwen3_dir, embedding_round_to="float32")
+    settings = serve_settings(tmp_path, tiny_qwen3_dir, encoder_wire_dtype="float32")
     async with serve_in_process(settings, tiny_encoder) as (client, _):
         for temperature in (1.0, 2.5):
             body = {**UPSTREAM_REQUEST, "model": "clm-raw", "temperature": temperature}

@@ -19,7 +19,7 @@ from clm_devtools.devstack import Service, start_embedder
 
 # embedder-vllm-hub: the vllm backend with the model known by name only (no folder here: vLLM tokenizes)
 TARGETS = ("vllm", "embedder-local", "embedder-vllm", "embedder-vllm-hub")
-MAX_MODEL_LEN = 512  # the session vllm_server's --max-model-len; the embedders get CLM_EMBEDDER_MAX_TOKENS=512
+MAX_MODEL_LEN = 512  # the session vllm_server's --max-model-len; the embedders get CLM_EMBEDDER_ENCODER_MAX_TOKENS=512
 
 # vLLM's EMBED_DTYPES: name -> the torch dtype of the values (bytes per value = its itemsize).
 EMBED_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -85,10 +85,11 @@ def start_embedder_target(root: Path, model_dir: Path, served_model: str,
     tokenizer is vLLM's own (/tokenize)."""
     env = {"CLM_EMBEDDER_SERVED_MODEL_NAME": served_model}
     if vllm_url is not None:
-        env |= {"CLM_EMBEDDER_VLLM_URL": vllm_url, "CLM_EMBEDDER_VLLM_RETRIES": "2",
-                "CLM_EMBEDDER_VLLM_TIMEOUT_S": "60"}
+        env |= {"CLM_EMBEDDER_ENCODER_URL": vllm_url, "CLM_EMBEDDER_ENCODER_RETRIES": "2",
+                "CLM_EMBEDDER_ENCODER_TIMEOUT_S": "60"}
     if hub_name:
-        env |= {"CLM_EMBEDDER_VLLM_MODEL": served_model, "CLM_EMBEDDER_WEIGHTS_ID": "conformance-hub-name"}
+        env |= {"CLM_EMBEDDER_ENCODER_SERVED_MODEL": served_model,
+                "CLM_EMBEDDER_ENCODER_WEIGHTS_ID": "conformance-hub-name"}
         model_dir = Path("conformance/tiny-qwen3")  # a name, not a folder: nothing here to tokenize with
     return start_embedder(root / "logs", cache_dir=root / "cache", model=str(model_dir),
                           backend="local" if vllm_url is None else "vllm", pooling="last",

@@ -113,8 +113,9 @@ class Embedder(_Restartable):
 
     def __init__(self, log_dir: Path, cache_dir: Path, *, model: Path, redis_url: str = "", backend: str = "local",
                  extra_env: dict[str, str] | None = None) -> None:
-        env = {"CLM_EMBEDDER_PORT": "", "CLM_EMBEDDER_BACKEND": backend, "CLM_EMBEDDER_MODEL": str(model),
-               "CLM_EMBEDDER_POOLING": "last", "CLM_EMBEDDER_MAX_TOKENS": "256", "CLM_EMBEDDER_REDIS_URL": redis_url,
+        env = {"CLM_EMBEDDER_PORT": "", "CLM_EMBEDDER_ENCODER_BACKEND": backend,
+               "CLM_EMBEDDER_ENCODER_MODEL": str(model), "CLM_EMBEDDER_ENCODER_POOLING": "last",
+               "CLM_EMBEDDER_ENCODER_MAX_TOKENS": "256", "CLM_EMBEDDER_REDIS_URL": redis_url,
                "CLM_EMBEDDER_DISK_CACHE_DIR": str(cache_dir), "CLM_EMBEDDER_DISK_CACHE_MAP_SIZE_GB": "1",
                **(extra_env or {})}
         super().__init__(log_dir, env, [sys.executable, "-m", "clm_embedder"])
@@ -135,7 +136,7 @@ class Serve(_Restartable):
 
     def __init__(self, log_dir: Path, checkpoint_root: Path, heads_name: str, embedder_url: str) -> None:
         env = {"CLM_SERVE_CHECKPOINT_ROOT": str(checkpoint_root), "CLM_SERVE_HEADS_NAME": heads_name,
-               "CLM_SERVE_EMBEDDER_URL": embedder_url, "CLM_SERVE_POLL_INTERVAL_S": "0.3"}
+               "CLM_SERVE_ENCODER_URL": embedder_url, "CLM_SERVE_POLL_INTERVAL_S": "0.3"}
         super().__init__(log_dir, env, [sys.executable, "-m", "clm_serve"])
         self.env["CLM_SERVE_PORT"] = str(self.port)
 
@@ -158,7 +159,7 @@ def job_config(*, name: str, epochs: int, data_prefix: str = "", seed: int = 0) 
     return {
         "mode": "train",
         "data": {split: f"data/{data_prefix}{split}.jsonl" for split in ("train", "validation", "test")},
-        "encoder": {"backend": "embedder", "pooling": "last", "batch_size": 8, "concurrency": 4},
+        "encoder": {"backend": "embedder", "pooling": "last", "local_batch_texts": 8, "concurrency": 4},
         "heads": {"config": {"width": 64, "projection_dim": 32}, "seed": seed},
         "loss": {"mode": "sft"},
         "train": {"epochs": epochs, "batch_size": 8, "eval_batch_size": 64, "lr": 3e-3, "seed": seed},

@@ -49,7 +49,7 @@ def write_data(folder: Path, train: int = 60, validation: int = 30, test: int = 
 
 def recipe_config(model_dir: Path | None = None, *, epochs: int = 3, name: str = "soc-heads",
                   backend: str = "local", data_prefix: str = "") -> dict[str, Any]:
-    encoder: dict[str, Any] = {"backend": backend, "pooling": "last", "max_tokens": 256, "batch_size": 32}
+    encoder: dict[str, Any] = {"backend": backend, "pooling": "last", "max_tokens": 256, "local_batch_texts": 32}
     # No folder given: the bundled MiniLM alias (the recipe's own default is Qwen3-Embedding-8B by name,
     # which a trainer only accepts as a folder under its model root).
     encoder["model"] = "minilm" if model_dir is None else str(model_dir)
@@ -289,7 +289,7 @@ class PublishGate:
 class EmbedderGate:
     """An HTTP proxy in front of an embedder that can hold the embedding requests passing through it.
 
-    Point a trainer (``CLM_TRAINER_EMBEDDER_URL``) at ``gate.url``. Open, it passes everything.
+    Point a trainer (``CLM_TRAINER_ENCODER_URL``) at ``gate.url``. Open, it passes everything.
     ``hold(after=n)``: the next ``n`` ``POST /v1/embeddings`` pass, later ones wait, unanswered, until
     ``let_through(k)`` or ``release()``. ``held`` counts the requests waiting now, so a test *sees* that a job is mid-embedding
     (it asked and has no answer) instead of assuming its embedding lasts long enough; ``answered`` counts

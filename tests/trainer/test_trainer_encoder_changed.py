@@ -35,8 +35,8 @@ def test_embedder_swapped_mid_job_fails_with_encoder_changed(tmp_path, tiny_qwen
     embedder = Embedder(tmp_path, tmp_path / "cache", model=tiny_qwen3_dir)
     try:
         embedder.start()
-        config = EncoderConfig(backend="embedder", embedder_url=embedder.url, model=str(tiny_qwen3_dir),
-                               retry_s=60)
+        config = EncoderConfig(backend="embedder", url=embedder.url, model=str(tiny_qwen3_dir),
+                               identity_retry_s=60)
         encoder = config.spec().build()  # the job reads the identity once, here
         retrying = RetryingEncoder(encoder, RetryPolicy(budget_s=60))
 
@@ -47,7 +47,7 @@ def test_embedder_swapped_mid_job_fails_with_encoder_changed(tmp_path, tiny_qwen
                 await encoder.aclose()
 
         embedder.stop()
-        embedder.env["CLM_EMBEDDER_MODEL"] = str(other)
+        embedder.env["CLM_EMBEDDER_ENCODER_MODEL"] = str(other)
         embedder.start()
         started = time.monotonic()
         with pytest.raises(EncoderChanged) as raised:
@@ -69,13 +69,13 @@ def test_a_job_whose_embedder_changes_model_fails_with_encoder_changed_and_write
     embedder = Embedder(stack_root / "logs", tmp_path / "embedder-cache", model=tiny_qwen3_dir)
     gate = EmbedderGate(embedder.url)
     stack = TrainerStack(stack_root, redis_url, tiny_qwen3_dir.parent,
-                         extra_env={"CLM_TRAINER_EMBEDDER_URL": gate.url, "CLM_TRAINER_WORKER_METRICS_PORT": "0"})
+                         extra_env={"CLM_TRAINER_ENCODER_URL": gate.url, "CLM_TRAINER_WORKER_METRICS_PORT": "0"})
     try:
         embedder.start()
         digest_a = httpx.get(f"{embedder.url}/v1/encoder", timeout=10).json()["digest"]
         for _ in stack.started(workers=("w-swap",)):
             config = recipe_config(epochs=1, name="soc-swap", backend="embedder", data_prefix="swap-")
-            config["encoder"]["retry_s"] = 120  # the restart's downtime is waited for, as an outage
+            config["encoder"]["identity_retry_s"] = 120  # the restart's downtime is waited for, as an outage
             with stack.client() as client:
                 gate.hold(after=0)  # the identity passes; every embedding request waits
                 response = client.post("/jobs", json={"config": config})
@@ -85,7 +85,7 @@ def test_a_job_whose_embedder_changes_model_fails_with_encoder_changed_and_write
                 assert gate.answered == 0
                 wait_event(client, job_id, lambda e: e.get("phase") == "embedding", 120, "embedding started", stack)
                 embedder.stop()
-                embedder.env["CLM_EMBEDDER_MODEL"] = str(other)
+                embedder.env["CLM_EMBEDDER_ENCODER_MODEL"] = str(other)
                 embedder.start()
                 digest_b = httpx.get(f"{embedder.url}/v1/encoder", timeout=10).json()["digest"]
                 gate.release()  # the held requests reach the other model

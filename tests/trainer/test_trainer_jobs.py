@@ -57,8 +57,9 @@ def redis_aof(stack_root):
 def embedder(stack_root, tiny_qwen3_dir):
     port = free_port()
     process = ManagedProcess("embedder", [sys.executable, "-m", "clm_embedder"], stack_root / "logs" / "embedder.log",
-                             env={"CLM_EMBEDDER_BACKEND": "local", "CLM_EMBEDDER_MODEL": str(tiny_qwen3_dir),
-                                  "CLM_EMBEDDER_MAX_TOKENS": "256", "CLM_EMBEDDER_PORT": str(port),
+                             env={"CLM_EMBEDDER_ENCODER_BACKEND": "local",
+                                  "CLM_EMBEDDER_ENCODER_MODEL": str(tiny_qwen3_dir),
+                                  "CLM_EMBEDDER_ENCODER_MAX_TOKENS": "256", "CLM_EMBEDDER_PORT": str(port),
                                   "CLM_EMBEDDER_REDIS_URL": "",
                                   "CLM_EMBEDDER_DISK_CACHE_DIR": str(stack_root / "embedder-cache"),
                                   "OMP_NUM_THREADS": "1"}).start()
@@ -71,7 +72,7 @@ def embedder(stack_root, tiny_qwen3_dir):
 @pytest.fixture(scope="module")
 def stack(stack_root, redis_aof, embedder, tiny_qwen3_dir):
     yield from TrainerStack(stack_root, redis_aof.url, tiny_qwen3_dir.parent,
-                            extra_env={"CLM_TRAINER_EMBEDDER_URL": embedder}).started()
+                            extra_env={"CLM_TRAINER_ENCODER_URL": embedder}).started()
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +120,7 @@ def test_a_job_embeds_through_the_embedder_service(stack):
     with stack.client() as client:
         job = wait_job(client, submit(client, config), is_terminal, 300, stack, "the job to finish")
     assert job["status"] == "succeeded", job
-    assert job["config"]["encoder"]["embedder_url"] == stack.env()["CLM_TRAINER_EMBEDDER_URL"]
+    assert job["config"]["encoder"]["url"] == stack.env()["CLM_TRAINER_ENCODER_URL"]
     assert job["result"]["texts_embedded"] == job["progress"]["texts_total"] > 0
     assert job["result"]["checkpoint"]["version"] == "v0001"
 

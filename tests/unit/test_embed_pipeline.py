@@ -33,7 +33,7 @@ def texts_of(count: int, prefix: str = "text") -> list[str]:
 
 
 def encoder_section(server: StandInVLLM, **keys) -> EncoderConfig:
-    return EncoderConfig(backend="embedder", embedder_url=server.url, retry_s=0, **keys)
+    return EncoderConfig(backend="embedder", url=server.url, identity_retry_s=0, **keys)
 
 
 def embed(section: EncoderConfig, texts: list[str], path: Path, progress) -> tuple[EmbeddingTable, int]:
@@ -54,7 +54,7 @@ def test_chunks_are_pipelined_up_to_max_texts_in_flight_and_written_in_order(tmp
     texts = texts_of(3000)
     server = StandInVLLM(DIM, fingerprint=FINGERPRINT, hold_texts=1024, expect_texts=len(texts))
     try:
-        section = encoder_section(server, chunk_texts=256, batch_size=128, max_texts_in_flight=1024)
+        section = encoder_section(server, chunk_texts=256, local_batch_texts=128, max_texts_in_flight=1024)
         events: list[ProgressEvent] = []
         table, embedded = embed(section, texts, tmp_path / "table", events.append)
     finally:
@@ -72,7 +72,7 @@ def test_a_config_that_allows_fewer_texts_keeps_fewer_in_flight(tmp_path):
     texts = texts_of(1500)
     server = StandInVLLM(DIM, fingerprint=FINGERPRINT)
     try:
-        section = encoder_section(server, chunk_texts=100, batch_size=50, max_texts_in_flight=400, concurrency=3)
+        section = encoder_section(server, chunk_texts=100, local_batch_texts=50, max_texts_in_flight=400, concurrency=3)
         assert (section.requests_in_flight, section.chunks_in_flight) == (3, 3)
         table, _ = embed(section, texts, tmp_path / "table", lambda event: None)
     finally:
@@ -86,7 +86,7 @@ def test_a_failed_chunk_fails_the_phase_at_once_and_leaves_no_table(tmp_path):
     texts[1300] = "bad text"  # a refused input (400) in the sixth chunk, while earlier ones are in flight
     server = StandInVLLM(DIM, fingerprint=FINGERPRINT)
     try:
-        section = encoder_section(server, chunk_texts=256, batch_size=64, max_texts_in_flight=1024)
+        section = encoder_section(server, chunk_texts=256, local_batch_texts=64, max_texts_in_flight=1024)
         with pytest.raises(EncoderInputError, match="input 20 was refused"):
             embed(section, texts, tmp_path / "table", lambda event: None)
     finally:
@@ -109,7 +109,7 @@ def test_a_cancel_from_a_progress_event_stops_sending_and_leaves_no_table(tmp_pa
             raise JobCancelled()
 
     try:
-        section = encoder_section(server, chunk_texts=256, batch_size=128, max_texts_in_flight=512)
+        section = encoder_section(server, chunk_texts=256, local_batch_texts=128, max_texts_in_flight=512)
         with pytest.raises(JobCancelled):
             embed(section, texts, tmp_path / "table", progress)
     finally:

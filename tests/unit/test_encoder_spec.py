@@ -26,9 +26,10 @@ from clm_serve.settings import ServeSettings
 
 def test_embedder_settings_map_every_encoder_setting():
     settings = EmbedderSettings(
-        backend="vllm", model="some/model", pooling="mean", normalize=False, dtype="float16", max_tokens=99,
-        device="cuda:1", local_batch_tokens=999, weights_id="rev-1", vllm_url="http://vllm:8000",
-        vllm_model="served", vllm_batch_size=7, vllm_max_concurrency=3, vllm_timeout_s=9.5, vllm_retries=2)
+        encoder_backend="vllm", encoder_model="some/model", encoder_pooling="mean", encoder_normalize=False,
+        encoder_dtype="float16", encoder_max_tokens=99, encoder_device="cuda:1", encoder_local_batch_tokens=999,
+        encoder_weights_id="rev-1", encoder_url="http://vllm:8000", encoder_served_model="served",
+        encoder_remote_batch_texts=7, encoder_max_concurrency=3, encoder_timeout_s=9.5, encoder_retries=2)
     assert settings.encoder_spec().model_dump(exclude_defaults=True) == {
         "backend": "vllm", "model": "some/model", "pooling": "mean", "normalize": False, "dtype": "float16",
         "max_tokens": 99, "device": "cuda:1", "local_batch_tokens": 999, "weights_id": "rev-1",
@@ -41,13 +42,13 @@ def test_serve_settings_map_onto_a_local_spec_or_the_embedder():
                           encoder_max_tokens=77, encoder_device="cuda")
     assert local.encoder_spec().model_dump(exclude_defaults=True) == {
         "model": "some/model", "pooling": "cls", "dtype": "bfloat16", "max_tokens": 77, "device": "cuda",
-        "max_concurrency": 8, "timeout_s": 30.0, "retries": 2}  # the embedder_* defaults, unused locally
-    remote = ServeSettings(embedder_url="http://embedder:8001", embedder_timeout_s=3.0, embedder_concurrency=5,
-                           embedder_retries=1, embedding_round_to="float32")
+        "max_concurrency": 8, "timeout_s": 30.0, "retries": 2}  # the embedder's defaults, unused locally
+    remote = ServeSettings(encoder_url="http://embedder:8001", encoder_timeout_s=3.0, encoder_max_concurrency=5,
+                           encoder_retries=1, encoder_wire_dtype="float32")
     spec = remote.encoder_spec()
     assert (spec.backend, spec.url, spec.timeout_s, spec.max_concurrency) == ("embedder", "http://embedder:8001",
                                                                               3.0, 5)
-    # embedder_retries counts retries after the first attempt, as the spec (and the embedder's vllm_retries) do;
+    # encoder_retries counts retries after the first attempt, as the spec (and the embedder's) do;
     # vectors travel as they are rounded
     assert (spec.retries, spec.wire_dtype) == (1, "float32")
 
@@ -63,8 +64,8 @@ def test_each_settings_table_names_real_spec_fields_and_real_settings(settings_c
 
 def test_the_recipe_encoder_section_maps_onto_the_spec_and_a_rank_device_wins():
     section = EncoderConfig(backend="embedder", model="m", pooling="mean", normalize=False, dtype="bfloat16",
-                            max_tokens=64, device="cuda", embedder_url="http://embedder:8001", batch_size=16,
-                            concurrency=2, timeout_s=5.0, retry_s=30.0)
+                            max_tokens=64, device="cuda", url="http://embedder:8001", local_batch_texts=16,
+                            concurrency=2, timeout_s=5.0, identity_retry_s=30.0)
     assert section.spec().model_dump(exclude_defaults=True) == {
         "backend": "embedder", "model": "m", "pooling": "mean", "normalize": False, "dtype": "bfloat16",
         "max_tokens": 64, "device": "cuda", "local_batch_texts": 16, "url": "http://embedder:8001",

@@ -44,8 +44,8 @@ def test_a_qwen3_backbone_folder_resolves_to_last_token_in_the_embedder_the_reci
 
     assert auto_pooling(qwen3_backbone_dir) == "last"
 
-    embedder = EmbedderSettings(backend="vllm", model=str(qwen3_backbone_dir), pooling="auto",
-                                max_tokens=128).encoder_spec().build()
+    embedder = EmbedderSettings(encoder_backend="vllm", encoder_model=str(qwen3_backbone_dir), encoder_pooling="auto",
+                                encoder_max_tokens=128).encoder_spec().build()
     asyncio.run(embedder.aclose())  # an HTTP client only: the fingerprint is derived from the folder
 
     recipe_config = build_config({"mode": "train", "data": {"train": "t.jsonl", "validation": "v.jsonl"},

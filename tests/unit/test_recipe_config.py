@@ -90,7 +90,7 @@ def test_mode_requirements():
         build_config(MINIMAL, [("mode", "eval")])
     with pytest.raises(ConfigError, match="mode 'train' needs data.train"):
         build_config({"data": {"validation": "v.jsonl"}})
-    with pytest.raises(ConfigError, match="encoder: encoder.backend 'embedder' needs encoder.embedder_url"):
+    with pytest.raises(ConfigError, match="encoder: encoder.backend 'embedder' needs encoder.url"):
         build_config(MINIMAL, [("encoder.backend", "embedder")])
 
 

@@ -135,8 +135,8 @@ def test_a_replica_up_only_later_gets_no_traffic_until_identified_and_none_if_it
 def test_a_url_list_is_checked_where_it_is_set():
     assert parse_urls(" http://a:1/ ,http://b:2") == ["http://a:1", "http://b:2"]
     with pytest.raises(ValidationError, match="'http://a:1' is listed twice"):
-        EmbedderSettings(vllm_url="http://a:1,http://a:1/")
+        EmbedderSettings(encoder_url="http://a:1,http://a:1/")
     with pytest.raises(ValidationError, match="needs comma-separated base URLs"):
-        EmbedderSettings(vllm_url="http://a:1,")
+        EmbedderSettings(encoder_url="http://a:1,")
     with pytest.raises(ValidationError, match="the embedder backend takes one url"):
         EncoderSpec(backend="embedder", url="http://a:1,http://b:2")

@@ -15,7 +15,7 @@ extra=PATH`` (``CLM_SERVE_MODELS``):
   ``usage.input_tokens``, which counts different things (upstream: the texts its caches missed, states
   and options; ours: the state texts), and the latency, which is a time.
 
-Both servers read float32 vectors (``CLM_EMBEDDER_CACHE_DTYPE=float32``, ``CLM_SERVE_EMBEDDING_ROUND_TO=
+Both servers read float32 vectors (``CLM_EMBEDDER_CACHE_DTYPE=float32``, ``CLM_SERVE_ENCODER_WIRE_DTYPE=
 float32``), so the answers agree to float32 rounding (~1e-6); 1e-3 is the contract.
 """
 
@@ -123,7 +123,7 @@ def both(tmp_path_factory, tiny_qwen3_dir, upstream_clm):
         serve.env.update({
             "CLM_CKPT": str(ckpt), "CLM_SERVE_CKPT_DIR": str(heads_dir), "CLM_SERVE_MODELS": f"extra={extra}",
             "CLM_SERVE_ENCODER_MAX_TOKENS": str(MAX_TOKENS),
-            "CLM_SERVE_EMBEDDING_ROUND_TO": "float32", "CLM_API_KEY": API_KEY,
+            "CLM_SERVE_ENCODER_WIRE_DTYPE": "float32", "CLM_API_KEY": API_KEY,
             "CLM_SERVE_ASSUMED_ENCODER_MODEL": tiny_qwen3_dir.name, "CLM_SERVE_ASSUMED_ENCODER_POOLING": "last",
             "CLM_SERVE_ASSUMED_ENCODER_NORMALIZE": "true", "CLM_SERVE_ASSUMED_ENCODER_WIDTH": str(dim)})
         serve.start()

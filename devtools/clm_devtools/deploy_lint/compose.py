@@ -188,8 +188,8 @@ def encoder_identity(files: DeployFiles) -> list[str]:
     args, env = compose_command(vllm), compose_env(embedder)
     errors = encoder_identity_errors("services.embedder.environment", env, args)
     max_len = flag_value(args, "--max-model-len")
-    if max_len and int(env.get("CLM_EMBEDDER_MAX_TOKENS") or 256) > int(max_len):
-        errors.append("services.embedder: CLM_EMBEDDER_MAX_TOKENS exceeds vllm --max-model-len")
+    if max_len and int(env.get("CLM_EMBEDDER_ENCODER_MAX_TOKENS") or 256) > int(max_len):
+        errors.append("services.embedder: CLM_EMBEDDER_ENCODER_MAX_TOKENS exceeds vllm --max-model-len")
     return errors
 
 
@@ -224,7 +224,8 @@ def production_services(files: DeployFiles) -> list[str]:
     _check(errors, str((vllm.get("healthcheck") or {}).get("start_period", "")).endswith("m"),
            "services.vllm.healthcheck: start_period is not in minutes")
     embedder_env = compose_env(services["embedder"])
-    for key, want in (("CLM_EMBEDDER_VLLM_URL", "http://vllm:8000"), ("CLM_EMBEDDER_REDIS_URL", "redis://redis:6379/0")):
+    for key, want in (("CLM_EMBEDDER_ENCODER_URL", "http://vllm:8000"),
+                      ("CLM_EMBEDDER_REDIS_URL", "redis://redis:6379/0")):
         _check(errors, embedder_env.get(key) == want, f"services.embedder.environment.{key}={embedder_env.get(key)!r}, "
                                                       f"expected {want!r}")
     for name, want in (("trainer-api", ["clm-trainer", "api"]), ("trainer-worker", ["clm-trainer", "worker"])):

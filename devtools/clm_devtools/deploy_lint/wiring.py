@@ -123,12 +123,12 @@ def encoder_identity_errors(where: str, env: dict[str, Any], args: list[str]) ->
     """The embedder's fingerprint (``env``, its ``CLM_EMBEDDER_*``) names what vLLM's ``args`` serve."""
     served = served_model(args)
     expected = {
-        "CLM_EMBEDDER_BACKEND": "vllm",
-        "CLM_EMBEDDER_VLLM_MODEL": served,
-        "CLM_EMBEDDER_MODEL": served,
-        "CLM_EMBEDDER_WEIGHTS_ID": flag_value(args, "--revision"),
-        "CLM_EMBEDDER_DTYPE": flag_value(args, "--dtype"),
-        "CLM_EMBEDDER_POOLING": "last",
+        "CLM_EMBEDDER_ENCODER_BACKEND": "vllm",
+        "CLM_EMBEDDER_ENCODER_SERVED_MODEL": served,
+        "CLM_EMBEDDER_ENCODER_MODEL": served,
+        "CLM_EMBEDDER_ENCODER_WEIGHTS_ID": flag_value(args, "--revision"),
+        "CLM_EMBEDDER_ENCODER_DTYPE": flag_value(args, "--dtype"),
+        "CLM_EMBEDDER_ENCODER_POOLING": "last",
     }
     return [f"{where}.{key}={env.get(key)!r}, but vllm serves {want!r}" for key, want in expected.items()
             if str(env.get(key)) != str(want)]

@@ -43,7 +43,7 @@ class EmbedderState:
         # vLLM reports one token total per request: each vector's own count comes from the tokenizer.
         counted = TokenCountingEncoder(backend, tokenizer) if spec.is_remote and tokenizer is not None else backend
         # A local model computes one batch at a time. vLLM takes several requests at once: the vLLM client bounds
-        # them (vllm_max_concurrency per replica); twice as many batches are let past the coalescer, so the next
+        # them (encoder_max_concurrency per replica); twice as many batches are let past the coalescer, so the next
         # batch is already waiting at that bound while one is still counted and answered, and no vLLM slot
         # idles between two requests.
         concurrency = 2 * backend.inner.max_in_flight if spec.is_remote else 1

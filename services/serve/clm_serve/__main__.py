@@ -31,7 +31,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.info("%s", note)
     if settings.embedder_model:
         log.info("embedder model %r (--emb-model / CLM_EMB_MODEL) is not sent: %s", settings.embedder_model,
-                 "the embedder names its own encoder" if settings.embedder_url else "the encoder runs in process")
+                 "the embedder names its own encoder" if settings.encoder_url else "the encoder runs in process")
     # The heads, caches and batchers live in this process; scale out with replicas.
     serve(create_app(settings), settings, graceful_shutdown_s=10)
     return 0

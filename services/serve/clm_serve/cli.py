@@ -64,7 +64,7 @@ def build_parser(description: str | None = None) -> argparse.ArgumentParser:
     group.add_argument("--port", type=int, help=f"TCP port [{_variables('port')}]")
     group.add_argument("--emb-url", metavar="URL", help="embedder: upstream's full endpoint "
                        "(http://h:p/v1/embeddings) or our base URL (http://h:p); our embedder service, which "
-                       f"reports its encoder. Without it: {_variables('embedder_url')}, empty = an in-process "
+                       f"reports its encoder. Without it: {_variables('encoder_url')}, empty = an in-process "
                        "encoder")
     group.add_argument("--emb-model", metavar="NAME", help="accepted, logged, not sent: the embedder names its own "
                        f"encoder and every heads file is checked against it [{_variables('embedder_model')}]")
@@ -111,7 +111,7 @@ def command_line_from(args: argparse.Namespace, environ: Mapping[str, str]) -> C
     if args.port is not None:
         values["port"] = args.port
     if args.emb_url is not None:
-        values["embedder_url"] = args.emb_url
+        values["encoder_url"] = args.emb_url
     if args.emb_model is not None:
         values["embedder_model"] = args.emb_model
     if args.max_tokens is not None:
@@ -182,7 +182,7 @@ def _action_cache(flag: str | None, environ: Mapping[str, str], notes: list[str]
     return entries
 
 
-_FLAGS = {"host": "--host", "port": "--port", "embedder_url": "--emb-url", "embedder_model": "--emb-model",
+_FLAGS = {"host": "--host", "port": "--port", "encoder_url": "--emb-url", "embedder_model": "--emb-model",
           "encoder_max_tokens": "--max-tokens", "ckpt": "--ckpt", "ckpt_dir": "--ckpt-dir", "models": "--model",
           "encoder_device": "--device", "action_cache_max_entries": "--action-cache"}
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -19,16 +19,24 @@ from clm.storage import Location
 from clm_http.settings import ServiceSettings, StrList, body_limit_field, port_field
 
 
-# EncoderSpec field -> the setting holding it (clm.encoders.spec.spec_from_settings).
-ENCODER_SETTINGS = {
-    "model": "encoder_model", "pooling": "encoder_pooling", "dtype": "encoder_dtype",
-    "max_tokens": "encoder_max_tokens", "device": "encoder_device", "url": "embedder_url",
-    "max_concurrency": "embedder_concurrency", "timeout_s": "embedder_timeout_s", "retries": "embedder_retries",
-    "wire_dtype": "embedding_round_to", "api_key": "embedder_api_key",
+# EncoderSpec field -> the setting holding it (clm.encoders.spec.spec_from_settings): each knob is
+# ``encoder_<field>`` (CLM_SERVE_ENCODER_<FIELD>), as in the embedder and the trainer.
+ENCODER_SETTINGS = {field: f"encoder_{field}" for field in (
+    "model", "pooling", "dtype", "max_tokens", "device", "url", "max_concurrency", "timeout_s", "retries",
+    "wire_dtype", "api_key")}
+
+# Old setting -> new, read for one release (clm_http.settings.ServiceSettings.renamed_settings).
+RENAMED_SETTINGS = {
+    "embedder_url": "encoder_url", "embedder_concurrency": "encoder_max_concurrency",
+    "embedder_timeout_s": "encoder_timeout_s", "embedder_retries": "encoder_retries",
+    "embedding_round_to": "encoder_wire_dtype", "embedder_api_key": "encoder_api_key",
 }
+
 
 class ServeSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="CLM_SERVE_", extra="ignore", populate_by_name=True)
+
+    renamed_settings: ClassVar[dict[str, str]] = RENAMED_SETTINGS
 
     port: int = port_field(8003, validation_alias=AliasChoices("CLM_SERVE_PORT", "CLM_PORT"))
     max_body_bytes: int = body_limit_field(4 * 1024 * 1024)
@@ -78,8 +86,8 @@ class ServeSettings(ServiceSettings):
     poll_interval_s: float = Field(2.0, gt=0, description="Polling interval of the latest pointer (one HEAD request "
                                    "per served name with a bucket root) and of the embedder's encoder identity.")
     admin_token: SecretStr = Field(SecretStr(""), description="Bearer token for POST /admin/reload; empty disables the route.")
-    embedder_url: str = Field(
-        "", validation_alias=AliasChoices("CLM_SERVE_EMBEDDER_URL", "CLM_EMB_URL"),
+    encoder_url: str = Field(
+        "", validation_alias=AliasChoices("CLM_SERVE_ENCODER_URL", "CLM_EMB_URL"),
         description="Embedder for state and option texts, its base URL (also `CLM_EMB_URL`, upstream's name: a "
         "trailing `/v1/embeddings`, upstream's full endpoint, is dropped); empty = an in-process encoder (below).")
     embedder_model: str = Field(
@@ -88,20 +96,20 @@ class ServeSettings(ServiceSettings):
         "encoder (`GET /v1/encoder`) and every heads file is checked against that fingerprint; a name set here is "
         "only logged at start.")
 
-    @field_validator("embedder_url", mode="after")
+    @field_validator("encoder_url", mode="after")
     @classmethod
     def _embedder_base_url(cls, value: str) -> str:
         """Upstream's ``http://h:p/v1/embeddings`` (the endpoint) and ours ``http://h:p`` (the base) alike."""
         return value.strip().rstrip("/").removesuffix("/v1/embeddings").rstrip("/")
 
-    embedder_timeout_s: float = Field(30.0, gt=0, description="Timeout of one request to the embedder.")
-    embedder_concurrency: int = Field(8, ge=1, description="Requests to the embedder in flight at once.")
-    embedder_retries: int = Field(2, ge=0, description="Retries of an embedder request after its first attempt (connection errors and 5xx), counted as CLM_EMBEDDER_VLLM_RETRIES counts them.")
-    embedder_api_key: SecretStr = Field(
-        SecretStr(""), validation_alias=AliasChoices("CLM_SERVE_EMBEDDER_API_KEY", "CLM_EMBEDDER_API_KEY"),
+    encoder_timeout_s: float = Field(30.0, gt=0, description="Timeout of one request to the embedder.")
+    encoder_max_concurrency: int = Field(8, ge=1, description="Requests to the embedder in flight at once.")
+    encoder_retries: int = Field(2, ge=0, description="Retries of an embedder request after its first attempt (connection errors and 5xx), counted as CLM_EMBEDDER_ENCODER_RETRIES counts them.")
+    encoder_api_key: SecretStr = Field(
+        SecretStr(""), validation_alias=AliasChoices("CLM_SERVE_ENCODER_API_KEY", "CLM_EMBEDDER_API_KEY"),
         description="Bearer token for an embedder started with an API key (also read from `CLM_EMBEDDER_API_KEY`, "
                     "the embedder's own setting).")
-    encoder_model: str = Field(DEFAULT_ENCODER_MODEL, description="In-process encoder model (when embedder_url is "
+    encoder_model: str = Field(DEFAULT_ENCODER_MODEL, description="In-process encoder model (when encoder_url is "
                                "empty): a local folder or `minilm`; the default, the reference Qwen/Qwen3-8B, must be "
                                "a folder (nothing is downloaded).")
     encoder_pooling: Literal["auto", "last", "mean", "cls"] = Field(
@@ -117,8 +125,9 @@ class ServeSettings(ServiceSettings):
     encoder_device: str = Field("cpu", validation_alias=AliasChoices("CLM_SERVE_ENCODER_DEVICE", "CLM_DEVICE"),
                                 description="In-process encoder device: `cpu`, `cuda`, `auto` (also `CLM_DEVICE`, "
                                 "upstream's name).")
-    embedding_round_to: Literal["float16", "float32"] = Field(
-        "float16", description="Round encoder vectors through this dtype before the heads. The trainer's "
+    encoder_wire_dtype: Literal["float16", "float32"] = Field(
+        "float16", description="Vector dtype on the wire from the embedder; every encoder vector (in-process ones "
+        "too) is rounded through it before the heads. The trainer's "
         "embedding tables store float16, so float16 makes served probabilities equal the recipe's evaluation.")
     assumed_encoder_model: str = Field(
         REFERENCE_ENCODER_MODEL, min_length=1, description="Encoder an upstream-format head without our encoder "
@@ -252,11 +261,11 @@ class ServeSettings(ServiceSettings):
             published_models=self.published_names(), ckpt_dir=self.ckpt_dir, models=self.extra_models(),
             max_models=self.max_models, store_cache_dir=self.store_cache_dir, assumed_encoder=self.assumed_encoder(),
             watch=self.watch, poll_interval_s=self.poll_interval_s,
-            embedder_url=self.embedder_url, embedder_api_key=self.embedder_api_key.get_secret_value(),
-            embedder_timeout_s=self.embedder_timeout_s, embedder_concurrency=self.embedder_concurrency,
+            encoder_url=self.encoder_url, encoder_api_key=self.encoder_api_key.get_secret_value(),
+            encoder_timeout_s=self.encoder_timeout_s, encoder_max_concurrency=self.encoder_max_concurrency,
             batch_window_ms=self.batch_window_ms, max_batch_questions=self.max_batch_questions,
             max_batch_texts=self.max_batch_texts, max_options=self.max_options,
-            embedding_round_to=self.embedding_round_to, option_store_max_entries=self.option_store_max_entries,
+            encoder_wire_dtype=self.encoder_wire_dtype, option_store_max_entries=self.option_store_max_entries,
             action_cache_max_entries=self.action_cache_max_entries, warm_options_file=self.warm_options_file,
             decision_log=self.decision_log_config(), drift=self.drift_monitoring(),
             shadow=None if self.shadow_share == 0 else ShadowScoring(self.shadow_share, self.shadow_queue,
@@ -286,11 +295,11 @@ class ServeSettings(ServiceSettings):
     def encoder_spec(self) -> EncoderSpec:
         """The encoder these settings describe (``clm.encoders.spec``: the one way encoders are built).
 
-        With ``embedder_url`` the embedder is asked for its fingerprint (never guessed: every checkpoint is
-        checked against it) and must name it on every answer; vectors travel as ``embedding_round_to``,
+        With ``encoder_url`` the embedder is asked for its fingerprint (never guessed: every checkpoint is
+        checked against it) and must name it on every answer; vectors travel as ``encoder_wire_dtype``,
         since they are rounded to it before the heads anyway. Otherwise the model runs in this process.
         """
-        return spec_from_settings(self, ENCODER_SETTINGS, backend="embedder" if self.embedder_url else "local",
+        return spec_from_settings(self, ENCODER_SETTINGS, backend="embedder" if self.encoder_url else "local",
                                   normalize=True)
 
 

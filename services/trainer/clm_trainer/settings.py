@@ -23,7 +23,9 @@ class TrainerSettings(ServiceSettings):
 
     renamed_settings: ClassVar[dict[str, str]] = {  # durations end in _s, as every other setting's
         "lease_seconds": "lease_s", "heartbeat_seconds": "heartbeat_s", "cancel_poll_seconds": "cancel_poll_s",
-        "poll_seconds": "poll_s"}
+        "poll_seconds": "poll_s",
+        # an encoder knob is encoder_<EncoderSpec field> in every service (the recipe's encoder.url)
+        "embedder_url": "encoder_url"}
 
     port: int = port_field(8002)  # of the jobs API (workers listen on nothing)
     max_body_bytes: int = body_limit_field(1_000_000)
@@ -31,7 +33,7 @@ class TrainerSettings(ServiceSettings):
     redis_prefix: str = Field("clm:trainer", min_length=1, description="Prefix of every Redis key the trainer owns.")
     redis_timeout_s: float = Field(3.0, gt=0, description="Socket timeout of Redis calls: a dead Redis fails fast, never hangs.")
     api_token: SecretStr = Field(SecretStr(""), description="Bearer token required on mutating routes; empty disables auth.")
-    embedder_url: str = Field("http://127.0.0.1:8001", description="Embedder service the workers request vectors from.")
+    encoder_url: str = Field("http://127.0.0.1:8001", description="Embedder service the workers request vectors from (a job's `encoder.url`, whatever the job sent).")
     max_job_requests_in_flight: int = Field(8, ge=1, description="Most embedder requests one job may keep in flight "
                                             "(`encoder.concurrency`; a job asking for more is a 400): the embedder "
                                             "admits CLM_EMBEDDER_MAX_IN_FLIGHT_REQUESTS (16) from everyone, clm-serve "

@@ -45,7 +45,7 @@ class RetryingEncoder:
         self.inner = inner
         self.policy = policy
         self.on_retry = on_retry
-        self.budget_name = budget_name  # the setting a gave-up message names, e.g. encoder.retry_s
+        self.budget_name = budget_name  # the setting a gave-up message names, e.g. encoder.identity_retry_s
         self.fingerprint = inner.fingerprint
         self.dim = inner.dim
         self.max_batch_texts = inner.max_batch_texts

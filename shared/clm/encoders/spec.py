@@ -250,14 +250,18 @@ def spec_from_settings(settings: BaseModel, names: Mapping[str, str], **fixed: A
     """The one mapping of settings onto an :class:`EncoderSpec`.
 
     ``names`` maps each spec field to the attribute of ``settings`` holding it (each settings class keeps its
-    table beside its fields, so its environment variables keep their documented names); a ``None`` setting
-    leaves the spec's default; secrets are unwrapped here, nowhere else; ``fixed`` values win over the table.
+    table beside its fields; a knob has one name everywhere: ``encoder_<field>`` in a service, so
+    ``CLM_<SERVICE>_ENCODER_<FIELD>``, and ``<field>`` in a recipe's ``encoder`` section); a ``None`` setting
+    leaves the spec's default; secrets are unwrapped here, nowhere else; a list (several replicas' URLs) is
+    joined with commas, the spec's form; ``fixed`` values win over the table.
     """
     values: dict[str, Any] = {}
     for field, attribute in names.items():
         value = getattr(settings, attribute)
         if isinstance(value, SecretStr):
             value = value.get_secret_value()
+        elif isinstance(value, (list, tuple)):
+            value = ",".join(value)
         if value is not None:
             values[field] = value
     return EncoderSpec(**{**values, **fixed})

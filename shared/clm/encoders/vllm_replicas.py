@@ -1,6 +1,6 @@
 """Several vLLM servers behind one ``vllm`` client: which one gets a batch, and proof they serve one model.
 
-``CLM_EMBEDDER_VLLM_URL`` (any ``vllm`` backend's url) may list several base URLs,
+``CLM_EMBEDDER_ENCODER_URL`` (any ``vllm`` backend's url) may list several base URLs,
 comma-separated. Each batch goes to the replica with the fewest requests in flight
 (ties: round robin), so a fleet fills evenly; a replica whose last request failed
 with an outage (refused connection, timeout, 5xx) is passed over for

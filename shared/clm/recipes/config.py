@@ -102,18 +102,20 @@ class DataConfig(_Section):
         return self
 
 
-# EncoderSpec field -> the key of the ``encoder`` section holding it (clm.encoders.spec.spec_from_settings).
-ENCODER_SETTINGS = {
-    "backend": "backend", "model": "model", "pooling": "pooling", "normalize": "normalize", "dtype": "dtype",
-    "max_tokens": "max_tokens", "device": "device", "local_batch_texts": "batch_size", "url": "embedder_url",
-    "timeout_s": "timeout_s", "identity_retry_s": "retry_s",
-}  # and, derived from several keys (EncoderConfig.spec): remote_batch_texts, max_concurrency
+# EncoderSpec field -> the key of the ``encoder`` section holding it (clm.encoders.spec.spec_from_settings): the
+# field's own name, as every service's ``encoder_<field>`` setting. And, derived from several keys
+# (EncoderConfig.spec): remote_batch_texts, max_concurrency.
+ENCODER_SETTINGS = {field: field for field in (
+    "backend", "model", "pooling", "normalize", "dtype", "max_tokens", "device", "local_batch_texts", "url",
+    "timeout_s", "identity_retry_s")}
+
+# Old key -> new, read for one release (clm.renamed): a key is its EncoderSpec field's name (retry_seconds was
+# renamed retry_s, for durations ending in _s, one release before retry_s became identity_retry_s).
+RENAMED_ENCODER_KEYS = {"retry_seconds": "identity_retry_s", "retry_s": "identity_retry_s",
+                        "batch_size": "local_batch_texts", "embedder_url": "url"}
 
 # Twice what two vLLM replicas take behind an embedder with its defaults (4 requests of 256 texts each): with
 # no more in flight than the fleet takes, every refill of a vLLM slot waits for a round trip to the job.
-# Old key -> new, read for one release (clm.renamed): durations end in _s.
-RENAMED_ENCODER_KEYS = {"retry_seconds": "retry_s"}
-
 DEFAULT_MAX_TEXTS_IN_FLIGHT = 4096
 DEFAULT_REQUESTS_IN_FLIGHT = 8  # 8 chunks of 512: half the embedder's CLM_EMBEDDER_MAX_IN_FLIGHT_REQUESTS (16)
 
@@ -130,11 +132,11 @@ class EncoderConfig(_Section):
 
     ``backend: local`` runs the model in-process (no services needed; under
     torchrun each rank runs its own copy on its own device);
-    ``backend: embedder`` calls our embedder service at ``embedder_url``,
+    ``backend: embedder`` calls our embedder service at ``url``,
     which names its encoder (``GET /v1/encoder``) and every answer's; while it
     is unavailable (restarting, its vLLM down) a run waits and retries each
-    batch with backoff for up to ``retry_s`` in total. A job keeps
-    ``max_texts_in_flight`` texts in flight to the embedder (``batch_size``
+    batch with backoff for up to ``identity_retry_s`` in total. A job keeps
+    ``max_texts_in_flight`` texts in flight to the embedder (``local_batch_texts``
     texts a request): its chunks are pipelined, so a fleet of vLLM replicas
     behind the embedder is kept busy by one job.
 
@@ -160,13 +162,13 @@ class EncoderConfig(_Section):
         512, gt=0, description="texts per embedding chunk: the unit encoded in one call, written to the table, "
                                "counted as progress and assigned to a rank (round robin) under torchrun; "
                                "the table of a text set is bit-identical for any number of ranks")
-    embedder_url: str | None = None
-    batch_size: int | None = Field(
+    url: str | None = Field(None, description="embedder backend: the embedder's base URL")
+    local_batch_texts: int | None = Field(
         None, gt=0, description="texts per forward batch (local; default 64) or per request to the embedder "
                                 "(default and at most: chunk_texts)")
     max_texts_in_flight: int = Field(
         DEFAULT_MAX_TEXTS_IN_FLIGHT, gt=0,
-        description="embedder backend: texts this job has in flight at once (or concurrency x batch_size, if "
+        description="embedder backend: texts this job has in flight at once (or concurrency x local_batch_texts, if "
                     "fewer); chunks are pipelined to keep it full. The default fills a small fleet: twice what 2 "
                     "vLLM replicas behind an embedder with its defaults take (4 requests of 256 texts each); for "
                     "more, raise concurrency (and the embedder's CLM_EMBEDDER_MAX_IN_FLIGHT_REQUESTS) or batch "
@@ -176,11 +178,12 @@ class EncoderConfig(_Section):
         description="embedder backend: requests in flight at most; each counts against the embedder's "
                     "CLM_EMBEDDER_MAX_IN_FLIGHT_REQUESTS (16 by default), where more are refused with 503")
     timeout_s: float = Field(120.0, gt=0)
-    retry_s: float = Field(
+    identity_retry_s: float = Field(
         300.0, ge=0,
         description="embedder backend: total seconds a run keeps retrying an embedding batch while the embedder "
                     "is unavailable (connection refused, 5xx/503, timeouts), with exponential backoff; every "
-                    "retry is reported as an 'embedding' progress event. 0 = fail at the first outage",
+                    "retry is reported as an 'embedding' progress event; the embedder's identity, asked at the "
+                    "start, is waited for as long. 0 = fail at the first outage",
     )
 
     @model_validator(mode="before")
@@ -192,15 +195,15 @@ class EncoderConfig(_Section):
 
     @model_validator(mode="after")
     def _embedder_needs_url(self) -> "EncoderConfig":
-        if self.backend == "embedder" and not self.embedder_url:
-            raise ValueError("encoder.backend 'embedder' needs encoder.embedder_url (e.g. http://embedder:8000)")
+        if self.backend == "embedder" and not self.url:
+            raise ValueError("encoder.backend 'embedder' needs encoder.url (e.g. http://embedder:8000)")
         return self
 
     @property
     def request_texts(self) -> int:
-        """Texts per request to the embedder: ``batch_size``, else a chunk (a request never spans two chunks:
+        """Texts per request to the embedder: ``local_batch_texts``, else a chunk (a request never spans two chunks:
         a chunk is one encoder call), never above ``max_texts_in_flight``."""
-        return min(self.batch_size or self.chunk_texts, self.chunk_texts, self.max_texts_in_flight)
+        return min(self.local_batch_texts or self.chunk_texts, self.chunk_texts, self.max_texts_in_flight)
 
     @property
     def requests_in_flight(self) -> int:

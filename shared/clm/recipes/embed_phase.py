@@ -40,7 +40,7 @@ every rank (:func:`raise_cache_failure`).
 
 An unavailable embedder (restarting, or its vLLM down: connection refused,
 503, timeouts) does not fail a run at once: each chunk is retried with
-jittered exponential backoff for up to ``encoder.retry_s`` from its
+jittered exponential backoff for up to ``encoder.identity_retry_s`` from its
 first try (:func:`chunk_encoder`'s ``retry``, a
 ``clm.encoders.retrying.RetryingEncoder``), and every retry is announced
 through ``on_retry`` (:func:`encode_rank_chunks` turns it into an
@@ -87,7 +87,7 @@ DEFAULT_CHUNK_TEXTS = 512
 
 EmbedProgress = Callable[[int, int, int], None]  # (texts done, texts total, texts_embedded so far)
 EncodeChunk = Callable[[list[str]], Awaitable[tuple[np.ndarray, int]]]  # -> (vectors, texts the encoder was asked)
-RETRY_SETTING = "encoder.retry_s"  # what a gave-up message names as the budget
+RETRY_SETTING = "encoder.identity_retry_s"  # what a gave-up message names as the budget
 
 
 # ---------------------------------------------------------------- chunks to the encoder, in one process
@@ -261,7 +261,7 @@ async def encode_rank_chunks(encoder: EncoderConfig, cache: CacheConfig, contrac
     try:
         if backend.fingerprint.digest != contract.fingerprint.digest:
             raise EncoderError(f"the encoder's fingerprint changed while the run started: {backend.fingerprint}")
-        retry = RetryPolicy(budget_s=encoder.retry_s)
+        retry = RetryPolicy(budget_s=encoder.identity_retry_s)
         # A remote encoder's chunks are pipelined, so its client always has max_texts_in_flight texts to
         # send; a local model computes one chunk at a time, with the same batch mates on any rank.
         in_flight = encoder.chunks_in_flight if spec.is_remote else 1

@@ -74,16 +74,16 @@ class ServingConfig:
     watch: bool = True  # watch `latest` with watchfiles (polling as a fallback)
     poll_interval_s: float = 2.0  # `latest` pointers, published names, the embedder's identity
     # -- the embedder (when the encoder is remote) --------------------------------------------------------------
-    embedder_url: str = ""  # base URL; empty: the encoder runs in this process
-    embedder_api_key: str = ""
-    embedder_timeout_s: float = 30.0
-    embedder_concurrency: int = 8  # requests to the embedder in flight at once
+    encoder_url: str = ""  # the embedder's base URL; empty: the encoder runs in this process
+    encoder_api_key: str = ""
+    encoder_timeout_s: float = 30.0
+    encoder_max_concurrency: int = 8  # requests to the embedder in flight at once
     # -- batching and caches ------------------------------------------------------------------------------------
     batch_window_ms: float = 2.0  # how long a micro-batch waits for company while others are in flight
     max_batch_questions: int = 512  # projection micro-batch size
     max_batch_texts: int = 256  # largest encoder call
     max_options: int = 255  # options per question
-    embedding_round_to: Literal["float16", "float32"] = "float16"  # as the trainer's embedding tables store them
+    encoder_wire_dtype: Literal["float16", "float32"] = "float16"  # as the trainer's embedding tables store them
     option_store_max_entries: int = 200_000  # encoder vectors of option texts kept (LRU)
     action_cache_max_entries: int = 200_000  # projected option vectors kept, all heads together (LRU)
     warm_options_file: Path | None = None  # records whose option texts are projected when heads load

@@ -93,9 +93,9 @@ class ServeRuntime:
         if self.fatal_error is not None:
             return f"failed: start-up crashed ({self.fatal_error}); see the service log"
         if self.encoder is None:
-            if self.startup_error and not self.config.embedder_url:
+            if self.startup_error and not self.config.encoder_url:
                 return f"failed: the in-process encoder did not load ({self.startup_error})"
-            source = f"the embedder at {self.config.embedder_url}" if self.config.embedder_url else "the encoder"
+            source = f"the embedder at {self.config.encoder_url}" if self.config.encoder_url else "the encoder"
             return f"starting: waiting for {source}" + (f" ({self.startup_error})" if self.startup_error else "")
         manager = self.registry.managers.get(name)
         if manager is None or manager.current is None:
@@ -245,7 +245,7 @@ class ServeRuntime:
         requests still running on them must end with the same clean 503; ``stop``
         closes them.
         """
-        if self.encoder is None or self.encoder.fingerprint.digest != error.expected or not self.config.embedder_url:
+        if self.encoder is None or self.encoder.fingerprint.digest != error.expected or not self.config.encoder_url:
             return
         logger.error("%s: taking the heads out of service and reloading the encoder identity", error)
         self.metrics.encoder_changes.inc()
@@ -274,15 +274,15 @@ class ServeRuntime:
             self.encode_batcher = CoalescingEncoder(
                 self.encoder, window_ms=config.batch_window_ms, max_batch_texts=config.max_batch_texts,
                 # One local forward at a time (one model thread); overlapping round trips to an embedder.
-                max_concurrency=config.embedder_concurrency if config.embedder_url else 1,
+                max_concurrency=config.encoder_max_concurrency if config.encoder_url else 1,
                 on_batch=self.metrics.batch_texts.observe,
             )
             options = OptionEmbeddings(
                 self.encode_batcher, max_entries=config.option_store_max_entries,
-                round_to=config.embedding_round_to, on_encoded=self.metrics.option_texts_encoded.inc,
+                round_to=config.encoder_wire_dtype, on_encoded=self.metrics.option_texts_encoded.inc,
             )
             self.engine = DecisionEngine(self.encoder, options, self.encode_batcher, self.batcher,
-                                         round_to=config.embedding_round_to)
+                                         round_to=config.encoder_wire_dtype)
             warm = []
             if config.warm_options_file is not None:
                 warm = await asyncio.to_thread(warm_option_texts, config.warm_options_file, config.max_options)
@@ -291,7 +291,7 @@ class ServeRuntime:
             # An event of this run's own: cancelling watchfiles' awatch sets the event it watches with, and
             # a replaced identity's watchers must not stop the next run's.
             self._run_stop = run_stop = asyncio.Event()
-            watchers = [self._watch_identity(run_stop)] if config.embedder_url else []
+            watchers = [self._watch_identity(run_stop)] if config.encoder_url else []
             if self.drift is not None:  # PSI and the state test every interval_s (gauges, alerts)
                 watchers.append(self.drift.watch(run_stop, self._served_heads, self._state_encoder))
             watchers += [self.canary.watch(run_stop, lambda: self.registry.managers, self._log_store),
@@ -310,7 +310,7 @@ class ServeRuntime:
         """Ask the embedder its identity every ``poll_interval_s``: a swap is noticed even without traffic,
         and, once heads were refused for a new identity, a return to one they match is noticed too
         (no request reaches the encoder while no heads are loaded)."""
-        url, encoder = self.config.embedder_url, self.encoder
+        url, encoder = self.config.encoder_url, self.encoder
         assert url is not None and encoder is not None
         while not stop.is_set():
             await pause(stop, self.config.poll_interval_s)
@@ -319,8 +319,8 @@ class ServeRuntime:
             if time.monotonic() - getattr(encoder, "verified_at", 0.0) < self.config.poll_interval_s:
                 continue
             try:
-                fingerprint, _ = await asyncio.to_thread(fetch_remote_identity, url, self.config.embedder_timeout_s,
-                                                         api_key=self.config.embedder_api_key)
+                fingerprint, _ = await asyncio.to_thread(fetch_remote_identity, url, self.config.encoder_timeout_s,
+                                                         api_key=self.config.encoder_api_key)
             except EncoderError as error:  # down or restarting: the per-response check still guards answers
                 logger.debug("identity check of %s failed: %s", url, error)
                 continue
@@ -342,7 +342,7 @@ class ServeRuntime:
             self.startup_error = str(failure_of(state))
             logger.warning("encoder not available (%s); retrying in %.1fs", self.startup_error, next_sleep(state))
 
-        retry_on = _encoder_not_up if self.config.embedder_url else (lambda error: False)
+        retry_on = _encoder_not_up if self.config.encoder_url else (lambda error: False)
         try:
             async for attempt in _ENCODER_RETRY.async_retrying(retry_on, before_sleep=announce):
                 with attempt:
@@ -354,8 +354,8 @@ class ServeRuntime:
         self.startup_error = None
         logger.info("encoder %s (%s pooling, dim %d), fingerprint %s%s", encoder.fingerprint.model,
                     encoder.fingerprint.pooling, encoder.dim, encoder.fingerprint.digest[:16],
-                    f", served by the embedder at {self.config.embedder_url}"
-                    if self.config.embedder_url else ", in-process")
+                    f", served by the embedder at {self.config.encoder_url}"
+                    if self.config.encoder_url else ", in-process")
 
 
 def _encoder_not_up(error: BaseException) -> bool:

@@ -33,8 +33,8 @@ runs, so a symlink swapped in after submit is still caught):
 * **Service-owned keys** are overwritten, whatever the client sent:
   ``cache.dir`` (the shared embedding-table cache), ``cache.redis_url``
   (none: no client-chosen network endpoints), ``output.report_dir``
-  (``<work_root>/<job id>/report``) and ``encoder.embedder_url``
-  (``CLM_TRAINER_EMBEDDER_URL``).
+  (``<work_root>/<job id>/report``) and ``encoder.url``
+  (``CLM_TRAINER_ENCODER_URL``).
 * **A job's share of the embedder**: ``encoder.concurrency`` (its requests in
   flight) may not pass ``max_job_requests_in_flight`` (400): the embedder's
   admission is shared with clm-serve and the other jobs.
@@ -215,7 +215,8 @@ def prepare_config(raw: Any, settings: TrainerSettings, job_id: str) -> RecipeCo
     raw = copy.deepcopy(raw)
     encoder = raw.get("encoder")
     if isinstance(encoder, dict) and encoder.get("backend") == "embedder":
-        encoder["embedder_url"] = settings.embedder_url  # the validator needs it; the service chooses it
+        encoder.pop("embedder_url", None)  # its old name (clm.recipes.config.RENAMED_ENCODER_KEYS): ours wins too
+        encoder["url"] = settings.encoder_url  # the validator needs it; the service chooses it
     tracking = raw.get("tracking")
     if isinstance(tracking, dict) and tracking.get("mlflow_tracking_uri") is not None:
         raise JobConfigError("tracking.mlflow_tracking_uri: a job may not choose where the service writes (a "
@@ -257,7 +258,7 @@ def _effective(cfg: RecipeConfig, settings: TrainerSettings, job_id: str) -> Rec
     if cfg.encoder.backend == "local" and cfg.encoder.model not in MODEL_ALIASES:
         encoder["model"] = str(confine(cfg.encoder.model, [settings.model_root], "encoder.model"))
     if cfg.encoder.backend == "embedder":
-        encoder["embedder_url"] = settings.embedder_url
+        encoder["url"] = settings.encoder_url
         if cfg.encoder.concurrency > settings.max_job_requests_in_flight:
             raise JobConfigError(f"encoder.concurrency: {cfg.encoder.concurrency} requests in flight is more than this "
                                  f"trainer lets one job keep at the embedder ({settings.max_job_requests_in_flight}, "
