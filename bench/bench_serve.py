@@ -26,7 +26,7 @@ active on ``--device cpu`` too). Then:
    ``--reload-seconds``; half-way a new version of each is published and the
    time until both serve it is measured, counting failed requests around the swaps.
 
-clm-serve embeds states through the embedder (``CLM_SERVE_EMBEDDER_URL``) when
+clm-serve embeds states through the embedder (``CLM_SERVE_ENCODER_URL``) when
 the embedder accepts clm-serve's encoder client; otherwise (``--encoder
 auto`` falls back, and says so in the result) it uses its in-process encoder,
 and the comparisons with upstream and the embedder are skipped (null).
@@ -46,7 +46,6 @@ import argparse
 import asyncio
 import base64
 import itertools
-import json
 import random
 import statistics
 import sys
@@ -71,6 +70,9 @@ from clm.texts import render_state, state_text
 from clm_devtools.devstack import start_embedder, start_serve
 from clm_devtools.procs import http_ok, wait_until
 from clm_devtools.upstream import UpstreamServe
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_results  # noqa: E402  (the last line; with --record, docs/benchmarks/results/ too)
 
 HEADS_NAME = "bench-triage"
 SECOND_NAME = "bench-second"  # a second published name served beside it (CLM_SERVE_PUBLISHED_MODELS)
@@ -485,6 +487,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="our clm-serve's CLM_SERVE_POLL_INTERVAL_S (heads pointer and embedder identity)")
     parser.add_argument("--torch-threads", type=int, default=1, help="OMP_NUM_THREADS of both clm-serves")
     parser.add_argument("--keep-logs", type=Path, default=None, help="write service logs here (default: discarded)")
+    bench_results.record_argument(parser)
     args = parser.parse_args(argv)
     began = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
@@ -536,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
         "poll_interval_s": args.poll_interval,
         "bench_seconds": round(time.perf_counter() - began, 1),
     }
-    print(json.dumps(summary))
+    bench_results.emit("serve", summary, record=args.record)
     failed = result["failed_requests_during_reload"] != 0 or any(side["errors"] for side in loaded.values())
     return 1 if failed else 0
 

@@ -83,6 +83,11 @@ class MicroBatcher(ABC, Generic[P, R]):
     async def process(self, payloads: list[P]) -> Sequence[R | BaseException]:
         """One result (or the exception for that payload) per payload, in order."""
 
+    @property
+    def idle(self) -> bool:
+        """Nothing waiting and no batch in flight: a payload now would be processed alone."""
+        return not self._waiting and self._in_flight == 0
+
     async def submit(self, payload: P) -> R:
         """Wait for ``payload``'s result; raises the exception the batch policy assigns to it."""
         if self._closed:

@@ -230,3 +230,23 @@ def test_calls_with_their_own_options_are_batched_per_options(local):
         assert got.prompt_tokens == want.prompt_tokens == (options.max_tokens if options else 128)
         assert got.token_counts == want.token_counts == ((options.max_tokens if options else 128) + 1,)
     assert sorted(calls, key=str) == sorted([(3, choice) for choice in choices], key=str)
+
+
+def test_a_call_alone_goes_straight_to_the_backend_with_the_same_answer(local):
+    """``encode_alone`` (clm-serve's engine, deciding one request with nobody to batch with): one backend call,
+    the same vectors and tokens as ``encode``, counted as a batch, and no collector task started."""
+    texts = ["a state text", "another, longer state text to encode"]
+    counting, batches = CountingBackend(local), []
+
+    async def run():
+        encoder = CoalescingEncoder(counting, max_batch_texts=64, window_ms=5, on_batch=batches.append)
+        alone = await encoder.encode_alone(texts)
+        assert encoder._task is None and encoder.idle
+        batched = await encoder.encode(texts)
+        await encoder.close()
+        return alone, batched
+
+    alone, batched = asyncio.run(run())
+    np.testing.assert_array_equal(alone.vectors, batched.vectors)
+    assert alone.prompt_tokens == batched.prompt_tokens > 0
+    assert counting.batch_sizes == [2, 2] and batches == [2, 2]

@@ -94,6 +94,26 @@ def test_callers_arriving_while_a_batch_is_in_flight_form_the_next_batch():
     assert batches == [[[0]], [[1], [2], [3], [4]]]
 
 
+def test_idle_means_nothing_waiting_and_nothing_in_flight():
+    async def run():
+        batcher = Recorder(hold=True, window_s=0.0, max_items=64)
+        seen = [batcher.idle]
+        first = asyncio.create_task(batcher.submit([0]))
+        await asyncio.sleep(0)
+        seen.append(batcher.idle)  # waiting
+        await batcher.started(1)
+        seen.append(batcher.idle)  # in flight
+        batcher.gates[0].set()
+        await first
+        for _ in range(5):
+            await asyncio.sleep(0)
+        seen.append(batcher.idle)
+        await batcher.close()
+        return seen
+
+    assert asyncio.run(run()) == [True, False, False, True]
+
+
 def test_max_items_still_splits_a_queue():
     async def run():
         batcher = Recorder(hold=True, window_s=0.0, max_items=4)

@@ -60,6 +60,13 @@ class CoalescingEncoder(MicroBatcher[_Call, EncodeResult]):
             return await self._inner_encode([], options)
         return await self.submit(_Call(list(texts), options))
 
+    async def encode_alone(self, texts: list[str]) -> EncodeResult:
+        """``encode`` for a caller with nobody to share a call with (the caller knows: clm-serve's engine when
+        it decides one request alone): the call a batch of one makes, without the hop through the collector
+        task; counted as a batch of its own."""
+        self._on_batch(len(texts))
+        return (await self.process([_Call(list(texts), None)]))[0]
+
     def size_of(self, payload: _Call) -> int:
         return len(payload.texts)
 

@@ -3,7 +3,9 @@
 One ``[n x dim] @ [dim x proj]`` matmul costs little more than a handful, so
 state embeddings of concurrent requests are projected together: the ones that
 arrive while a batch is on the heads thread form the next batch, and a request
-that finds the thread idle is projected at once (it waits for no window). The
+that finds the thread idle is projected at once (it waits for no window); a request
+the engine decides alone (no other in progress) is projected on the calling thread
+(``project_here``: no hop to the heads thread and back, ~1 ms of a lone request). The
 batching and its failure policy are the core's one micro-batcher, which
 also batches the state and option encoder calls (``CoalescingEncoder``); this
 module adds only what is clm-serve's: heads, torch, and the heads thread.
@@ -44,6 +46,13 @@ class ProjectionBatcher(MicroBatcher[tuple[LoadedHeads, np.ndarray], torch.Tenso
     async def project_states(self, heads: LoadedHeads, embeddings: np.ndarray) -> torch.Tensor:
         """``[n, projection_dim]`` unit state projections of ``embeddings`` by ``heads``."""
         return await self.submit((heads, embeddings))
+
+    def project_here(self, heads: LoadedHeads, embeddings: np.ndarray) -> torch.Tensor:
+        """``project_states`` on the calling thread, for a request with nobody to batch with (the engine
+        decides when): a few rows cost about a millisecond, less than the round trip to the heads thread
+        and back through the batcher; counted as a batch of its own."""
+        self._on_batch(len(embeddings))
+        return heads.project_states(torch.from_numpy(embeddings))
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Other heads work (projecting new options) on the same thread, in order with the batches."""

@@ -51,16 +51,28 @@ class DecisionEngine:
         self.states = states
         self.batcher = batcher
         self.round_to = round_to
+        self._deciding = 0  # decide() calls in progress
 
     async def decide(self, heads: LoadedHeads, questions: Sequence[Question], state_texts: Sequence[str],
                      *, temperature: float = 1.0, question_temperatures: Sequence[float] | None = None) -> Decision:
         """Probabilities of every question, all computed by ``heads`` (captured once by the caller);
         ``temperature`` divides the logits (``scale x cosine / temperature``), as upstream's, and so does each
         question's own fitted temperature (``question_temperatures``: calibration; None: 1 for all)."""
-        (state_vectors, tokens), actions = await asyncio.gather(
-            self._encode_states(list(state_texts)), self._action_matrices(heads, questions)
-        )
-        state_proj = await self.batcher.project_states(heads, state_vectors)
+        # A request decided alone (no other in this engine) has nobody to share an encoder call or a projection
+        # batch with: it skips the batchers' hops (about 1 ms of a ~1-client request's latency, measured in
+        # bench/bench_serve.py); under concurrency every request goes through them and batches form.
+        self._deciding += 1
+        try:
+            (state_vectors, tokens), actions = await asyncio.gather(
+                self._encode_states(list(state_texts), alone=self._deciding == 1),
+                self._action_matrices(heads, questions),
+            )
+            if self._deciding == 1 and self.batcher.idle:
+                state_proj = self.batcher.project_here(heads, state_vectors)
+            else:
+                state_proj = await self.batcher.project_states(heads, state_vectors)
+        finally:
+            self._deciding -= 1
         fitted = question_temperatures or [1.0] * len(questions)
         probs = [heads.option_probabilities(state_proj[i], actions[i], temperature * fitted[i])
                  for i in range(len(questions))]
@@ -105,8 +117,8 @@ class DecisionEngine:
         vectors, _ = await self._encode_states(list(texts))
         return vectors
 
-    async def _encode_states(self, texts: list[str]) -> tuple[np.ndarray, int]:
-        result = await self.states.encode(texts)
+    async def _encode_states(self, texts: list[str], *, alone: bool = False) -> tuple[np.ndarray, int]:
+        result = await (self.states.encode_alone(texts) if alone else self.states.encode(texts))
         return round_vectors(result.vectors, self.round_to), int(result.prompt_tokens)
 
     async def _action_matrices(self, heads: LoadedHeads, questions: Sequence[Question]) -> list[torch.Tensor]:
