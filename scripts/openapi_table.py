@@ -11,12 +11,12 @@ from the code; ``--write docs/http-api.md`` refreshes it.
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import sys
 import warnings
-from pathlib import Path
+
+from clm_devtools.generated_section import section_main
 
 BEGIN, END = "<!-- openapi:begin -->", "<!-- openapi:end -->"
 METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
@@ -81,36 +81,9 @@ def render() -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def _section(text: str) -> tuple[int, int]:
-    return text.index(BEGIN) + len(BEGIN), text.index(END)
-
-
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--check", type=Path, metavar="PAGE",
-                       help="exit 1 when PAGE's route tables (docs/http-api.md) are stale")
-    group.add_argument("--write", type=Path, metavar="PAGE", help="rewrite PAGE's route tables (docs/http-api.md)")
-    args = parser.parse_args()
-    if args.check or args.write:
-        path = args.check or args.write
-        text = path.read_text()
-        if BEGIN not in text or END not in text:
-            print(f"{path}: no {BEGIN} ... {END} section (the route tables are in docs/http-api.md)",
-                  file=sys.stderr)
-            return 1
-        table = "\n" + render()
-        start, end = _section(text)
-        if args.write:
-            path.write_text(text[:start] + table + text[end:])
-            return 0
-        if text[start:end] != table:
-            print(f"{path}: the route tables are stale; run `python scripts/openapi_table.py --write {path}`",
-                  file=sys.stderr)
-            return 1
-        return 0
-    sys.stdout.write(render())
-    return 0
+    return section_main(render, begin=BEGIN, end=END, what="route tables", page="docs/http-api.md", script="scripts/openapi_table.py",
+                        description=__doc__.splitlines()[0])
 
 
 if __name__ == "__main__":

@@ -8,12 +8,12 @@ page cannot drift from the code; ``--write docs/configuration.md`` refreshes it.
 
 from __future__ import annotations
 
-import argparse
 import sys
-from pathlib import Path
 
 from pydantic import AliasChoices
 from pydantic_settings import BaseSettings
+
+from clm_devtools.generated_section import section_main
 
 BEGIN, END = "<!-- settings:begin -->", "<!-- settings:end -->"
 
@@ -56,37 +56,9 @@ def render() -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def _section(text: str) -> tuple[int, int]:
-    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
-    return start, end
-
-
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--check", type=Path, metavar="PAGE",
-                       help="exit 1 when PAGE's tables (docs/configuration.md) are stale")
-    group.add_argument("--write", type=Path, metavar="PAGE", help="rewrite PAGE's tables (docs/configuration.md)")
-    args = parser.parse_args()
-    table = "\n" + render()
-    if args.check or args.write:
-        path = args.check or args.write
-        text = path.read_text()
-        if BEGIN not in text or END not in text:
-            print(f"{path}: no {BEGIN} ... {END} section (the tables are in docs/configuration.md)",
-                  file=sys.stderr)
-            return 1
-        start, end = _section(text)
-        if args.write:
-            path.write_text(text[:start] + table + text[end:])
-            return 0
-        if text[start:end] != table:
-            print(f"{path}: the configuration tables are stale; run `python scripts/settings_table.py "
-                  f"--write {path}`", file=sys.stderr)
-            return 1
-        return 0
-    sys.stdout.write(render())
-    return 0
+    return section_main(render, begin=BEGIN, end=END, what="configuration tables", page="docs/configuration.md", script="scripts/settings_table.py",
+                        description=__doc__.splitlines()[0])
 
 
 if __name__ == "__main__":
