@@ -357,6 +357,33 @@ def bench_embed(quick: int | None, workdir: Path) -> dict:
 # ----------------------------------------------------------------------------- main
 
 
+def loss_matches_cpu(device: torch.device) -> bool | None:
+    """On CUDA, the SFT decision loss (one autograd node with a closed-form backward, clm.decision.sft_fused) gives
+    the CPU's values and gradients on 1,000 padded questions in float64 (None on the CPU: nothing to compare).
+    Checked before timing, as bench_loss checks its loop reference: a device that disagrees times nothing."""
+    if device.type != "cuda":
+        return None
+    from clm.decision import DecisionLossConfig, DecisionTargets
+
+    generator = torch.Generator().manual_seed(2)
+    counts = torch.randint(2, 9, (1000,), generator=generator)
+    mask = torch.arange(8).unsqueeze(0) < counts.unsqueeze(1)
+    targets = DecisionTargets(labels=(torch.rand(1000, generator=generator) * counts).long(), option_mask=mask,
+                              question_types=torch.randint(0, 3, (1000,), generator=generator))
+    logits = torch.randn(1000, 8, dtype=torch.float64, generator=generator).masked_fill(~mask, float("nan"))
+    loss = DecisionLossConfig().build()
+    results = []
+    for where, batch in (("cpu", targets), (device, targets.to(device))):
+        leaf = logits.to(where).requires_grad_(True)
+        value = loss(leaf, batch)[0]
+        value.backward()
+        results.append((value.detach().cpu(), leaf.grad.cpu()))
+    (cpu_value, cpu_grad), (dev_value, dev_grad) = results
+    torch.testing.assert_close(dev_value, cpu_value, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(dev_grad[mask], cpu_grad[mask], rtol=1e-10, atol=1e-12)
+    return True
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="embed phase on the first --quick-records per split")
@@ -379,6 +406,7 @@ def main() -> None:
     torch.set_num_threads(args.threads or default_threads)
     train_threads = torch.get_num_threads()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    loss_on_device = loss_matches_cpu(device)
     cfg = load_config(CONFIG)
     batch_records = args.batch_records or cfg.train.batch_size
 
@@ -403,6 +431,7 @@ def main() -> None:
     result = {
         "device": device.type,
         "cuda_device": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "decision_loss_matches_cpu": loss_on_device,
         "torch": torch.__version__,
         "threads": train_threads,
         "embed_threads": default_threads,

@@ -17,7 +17,9 @@ of its :class:`~clm.decision.targets.DecisionTargets`.
   a frozen reference policy and an optional proper-scoring anchor.
 
 Every term is computed for all questions at once on the padded matrix;
-nothing loops over questions.  The loss is a weighted mean over the questions
+nothing loops over questions.  SFT runs as one autograd node with a
+closed-form backward (:mod:`clm.decision.sft_fused`); RL, and the SFT
+reference that node is tested against, are composed of autograd ops.  The loss is a weighted mean over the questions
 that count, and :meth:`DecisionLoss.normalization_weight` exposes its
 denominator for exact gradient accumulation across microbatches.
 """
@@ -36,6 +38,7 @@ from clm.decision.errors import DecisionLossConfigError, DecisionLossInputError
 from clm.decision.infonce import group_masked_bidirectional_infonce
 from clm.decision.masking import OptionMajorLayout, masked_log_softmax, option_major_log_softmax
 from clm.decision.rlcr import RLCRLossOutput, rlcr_loss
+from clm.decision.sft_fused import fused_sft_loss, sft_layout
 from clm.decision.targets import DecisionTargets
 
 __all__ = [
@@ -162,6 +165,18 @@ class DecisionLoss(nn.Module):
         """
         _check_inputs(logits, targets)
         compute_dtype = torch.promote_types(logits.dtype, torch.float32)
+        if self.config.mode == "sft":
+            return self._sft_fused(logits, targets, compute_dtype)
+        return self._composed(logits, targets, compute_dtype, generator)
+
+    def _composed(
+        self,
+        logits: torch.Tensor,
+        targets: DecisionTargets,
+        compute_dtype: torch.dtype,
+        generator: torch.Generator | None = None,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The loss composed of autograd ops: RL's path, and the reference the fused SFT path must match."""
         layout = OptionMajorLayout.of(targets.option_mask, targets.labels, compute_dtype)
         logp = option_major_log_softmax(logits.to(compute_dtype), layout.mask)
         logp_zeroed = layout.zero_padding(logp)
@@ -178,6 +193,26 @@ class DecisionLoss(nn.Module):
             metrics: dict[str, torch.Tensor] = {"loss": loss.detach(), **dict(zip(names, means.unbind()))}
             metrics["accuracy"] = _accuracy(logp, gold_logp, layout)
             metrics["normalization_weight"] = weights.sum(dtype=torch.float64)
+        return loss, metrics
+
+    def _sft_fused(
+        self, logits: torch.Tensor, targets: DecisionTargets, compute_dtype: torch.dtype
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """SFT as one autograd node (:mod:`clm.decision.sft_fused`): the same values and gradients as
+        :meth:`_sft` composed with :func:`_masked_mean`, at a fraction of the kernels."""
+        cfg = self.config
+        layout = sft_layout(targets, compute_dtype)
+        if targets.weights is None and not cfg.question_weights:
+            weights = layout.counted  # what _effective_weights gives, kept with the targets
+        else:
+            weights = self._effective_weights(targets).to(compute_dtype)
+        loss, means = fused_sft_loss(
+            logits, weights, layout, cfg.label_smoothing, cfg.brier_weight, cfg.ordinal_weight
+        )
+        ce, brier, rps, accuracy = means.unbind()
+        metrics = {"loss": loss.detach(), "ce": ce, "brier": brier, "rps": rps, "accuracy": accuracy}
+        counted = weights.detach() if weights.requires_grad else weights
+        metrics["normalization_weight"] = counted.sum(dtype=torch.float64)
         return loss, metrics
 
     def _sft(

@@ -21,8 +21,9 @@ reference entries are finite; padded entries are never read.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
+from typing import TypeVar
 
 import torch
 
@@ -32,6 +33,8 @@ from clm.decision.identities import DecisionTargetProtocol, QuestionLogits
 from clm.decision.preparation import prepared_fields, type_id
 
 __all__ = ["DecisionTargetProtocol", "DecisionTargets", "QuestionLogits"]
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -114,8 +117,25 @@ class DecisionTargets:
         # __post_init__ (its checks would synchronise with the device).
         copy = object.__new__(type(self))
         copy.__dict__.update(self.__dict__)
+        copy.__dict__.pop("_derived_cache", None)  # derived tensors live on the old device
         copy.__dict__.update(moved)
         return copy
+
+    def _derived(self, key: object, build: Callable[[DecisionTargets], _T]) -> _T:
+        """``build(self)``, computed once per ``key`` and kept on these targets.
+
+        For per-batch constants a loss needs every step (masks, one-hots in a
+        given dtype): the fields are immutable, so what derives from them is too.
+        Not a field: equality, ``repr`` and ``dataclasses.replace`` ignore it,
+        and :meth:`to` starts the copy without it.
+        """
+        cache = self.__dict__.get("_derived_cache")
+        if cache is None:
+            cache = {}
+            object.__setattr__(self, "_derived_cache", cache)
+        if key not in cache:
+            cache[key] = build(self)
+        return cache[key]
 
     # ------------------------------------------------------------------ views
     @property
