@@ -305,3 +305,12 @@ def _listening(port: int) -> bool:
 
     with socket.socket() as sock:
         return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_a_flag_over_a_renamed_variable_of_the_same_setting_is_a_command_line_error(monkeypatch):
+    """``--emb-url`` with the old ``CLM_SERVE_EMBEDDER_URL`` still exported: refused as both names set (the
+    renamed-settings rule), as a command-line error naming the flag too, not a traceback."""
+    monkeypatch.setenv("CLM_SERVE_EMBEDDER_URL", "http://127.0.0.1:1")
+    with pytest.raises(CommandLineError, match="CLM_SERVE_EMBEDDER_URL and CLM_SERVE_ENCODER_URL are both set.*"
+                                               "--emb-url sets CLM_SERVE_ENCODER_URL"):
+        settings_from(parse_command_line(["--emb-url", "http://127.0.0.1:2"]))

@@ -29,6 +29,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from clm.errors import validation_problems
+from clm.renamed import RenamedSettingError
 from clm_http.settings import environment_names, service_parser
 from clm_serve.settings import ServeSettings
 
@@ -192,6 +193,11 @@ def settings_from(command_line: CommandLine) -> ServeSettings:
     pydantic-settings). A value no setting accepts raises ``CommandLineError`` naming its flag or variable."""
     try:
         return ServeSettings(**command_line.overrides)
+    except RenamedSettingError as error:
+        # A flag sets a renamed setting whose old variable is in the environment too: say which flag.
+        flagged = [f"{_FLAGS[new]} sets {_variables(new)}" for new in ServeSettings.renamed_settings.values()
+                   if new in command_line.overrides and new in _FLAGS]
+        raise CommandLineError("; ".join([str(error), *flagged])) from error
     except ValidationError as error:
         lines = []
         for path, message, given in validation_problems(error):
